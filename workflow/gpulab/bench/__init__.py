@@ -1,0 +1,1 @@
+"""Kernel benchmark matrices: one registry of implementations per op, checked then timed."""

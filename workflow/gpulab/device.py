@@ -1,0 +1,167 @@
+"""The one device/backend detector: ROCm vs CUDA vs CPU, and what the device is.
+
+On ROCm builds of PyTorch ``torch.cuda`` is HIP, so the backend is told apart by
+``torch.version.hip`` / ``torch.version.cuda``, never by the ``cuda`` namespace. No other module
+re-derives any of this: they call :func:`detect`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Backend = Literal["rocm", "cuda", "cpu"]
+
+# Debian's hipcc 5.2.3 ships device libraries for these, so a GPU-less build machine targets the first.
+DEFAULT_GFX_WITHOUT_GPU = "gfx90a"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    backend: Backend
+    torch_version: str
+    hip_version: str | None
+    cuda_version: str | None
+    gpu_available: bool
+    reason: str = ""  # why no GPU is usable, when gpu_available is False
+    name: str = "cpu"
+    arch: str | None = None  # gfx90a / gfx1100 / sm_90; None on CPU
+    arch_full: str | None = None  # e.g. gfx90a:sramecc+:xnack- as the runtime reports it
+    total_memory_bytes: int = 0
+    multiprocessor_count: int = 0
+    warp_size: int = 0
+    l2_cache_bytes: int = 0
+    device_count: int = 0
+    cpu_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+
+    @property
+    def torch_device(self) -> str:
+        return "cuda" if self.gpu_available else "cpu"
+
+    @property
+    def build_backend(self) -> Backend:
+        """Backend PyTorch was built for, even when no device is visible (for compiling)."""
+        if self.hip_version:
+            return "rocm"
+        if self.cuda_version:
+            return "cuda"
+        return "cpu"
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["torch_device"] = self.torch_device
+        return out
+
+
+def gfx_from_override(value: str) -> str:
+    """Map ``HSA_OVERRIDE_GFX_VERSION`` (``11.0.0``, ``9.0.10``) to the ISA name it makes the runtime report.
+
+    The runtime reads major.minor.stepping and names the ISA gfx<major><minor:x><stepping:x>,
+    so 11.0.0 -> gfx1100, 10.3.0 -> gfx1030, 9.0.10 -> gfx90a.
+    """
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\.(\d+)\s*", value)
+    if not match:
+        raise ValueError(f"HSA_OVERRIDE_GFX_VERSION={value!r} is not of the form MAJOR.MINOR.STEPPING (e.g. 11.0.0)")
+    major, minor, step = (int(g) for g in match.groups())
+    if minor > 15 or step > 15:
+        raise ValueError(f"HSA_OVERRIDE_GFX_VERSION={value!r}: minor and stepping must be < 16")
+    return f"gfx{major}{minor:x}{step:x}"
+
+
+def _short_arch(arch_full: str) -> str:
+    return arch_full.split(":", 1)[0]
+
+
+def offload_archs(
+    info: DeviceInfo, pinned: list[str] | None = None, environ: dict[str, str] | None = None
+) -> list[str]:
+    """GPU architectures to compile for: pinned by config, else the override, else the detected device.
+
+    Only one arch is built by default (the study's build took 94 s for eleven).
+    """
+    if pinned:
+        return list(pinned)
+    env = os.environ if environ is None else environ
+    if info.build_backend == "rocm" or info.backend == "rocm" or (info.backend == "cpu" and not info.cuda_version):
+        override = env.get("HSA_OVERRIDE_GFX_VERSION")
+        if override:
+            return [gfx_from_override(override)]
+        if info.arch and info.arch.startswith("gfx"):
+            return [info.arch]
+        return [DEFAULT_GFX_WITHOUT_GPU]
+    if info.arch and info.arch.startswith("sm_"):
+        return [info.arch]
+    return []
+
+
+def _detect_uncached() -> DeviceInfo:
+    import torch
+
+    hip = getattr(torch.version, "hip", None)
+    cuda = getattr(torch.version, "cuda", None)
+    base: dict[str, Any] = {"torch_version": torch.__version__, "hip_version": hip, "cuda_version": cuda}
+    try:
+        available = torch.cuda.is_available()
+        probe_error = ""
+    except Exception as exc:  # a broken driver must become a recorded reason, not a crash
+        available, probe_error = False, f"{type(exc).__name__}: {exc}"
+    if not available:
+        if hip:
+            reason = "PyTorch is a ROCm build but no AMD GPU is visible"
+        elif cuda:
+            reason = "PyTorch is a CUDA build but no NVIDIA GPU is visible"
+        else:
+            reason = "PyTorch is a CPU-only build"
+        if probe_error:
+            reason += f" ({probe_error})"
+        return DeviceInfo(backend="cpu", gpu_available=False, reason=reason, name=_cpu_name(), **base)
+
+    props = torch.cuda.get_device_properties(0)
+    if hip:
+        arch_full = getattr(props, "gcnArchName", "") or "unknown"
+        arch = _short_arch(arch_full)
+    else:
+        arch_full = arch = f"sm_{props.major}{props.minor}"
+    return DeviceInfo(
+        backend="rocm" if hip else "cuda",
+        gpu_available=True,
+        name=torch.cuda.get_device_name(0),
+        arch=arch,
+        arch_full=arch_full,
+        total_memory_bytes=int(props.total_memory),
+        multiprocessor_count=int(props.multi_processor_count),
+        warp_size=int(getattr(props, "warp_size", 64 if hip else 32)),
+        l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
+        device_count=torch.cuda.device_count(),
+        **base,
+    )
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+@functools.cache
+def detect() -> DeviceInfo:
+    """Detect once per process; every step calls this."""
+    return _detect_uncached()
+
+
+def synchronize(info: DeviceInfo | None = None) -> None:
+    info = info or detect()
+    if info.gpu_available:
+        import torch
+
+        torch.cuda.synchronize()

@@ -1,0 +1,278 @@
+"""Environment capture: the structured fingerprint (env.json) and raw outputs of the GPU tools.
+
+An absent or failing tool (no driver, no GPU) is a recorded outcome with its exit status and message,
+never a crash. The fingerprint id derived from env.json is stamped on every CSV row of later steps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from gpulab.device import DeviceInfo, detect
+from gpulab.paths import REPO_ROOT
+from gpulab.tables import Column, TableSchema, write_atomic
+
+# Keys of env.json that identify the software/hardware; the rest (time, host) describe the capture.
+FINGERPRINT_KEYS = ("os", "cpu", "python", "packages", "device", "compilers", "git", "config_hash")
+TRACKED_PACKAGES = ("torch", "triton", "pytorch-triton-rocm", "transformers", "tokenizers", "modelscope",
+                    "numpy", "snakemake", "gpulab")
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """One external tool run: what was run, how it ended, and what it said."""
+
+    tool: str
+    argv: tuple[str, ...]
+    status: str  # ok | skipped | failed
+    exit_status: int | None
+    reason: str
+    stdout: str
+    stderr: str
+
+    def summary(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("stdout")
+        out.pop("stderr")
+        out["argv"] = " ".join(self.argv)
+        return out
+
+
+def run_tool(tool: str, argv: Sequence[str], timeout_s: float = 120, env: Mapping[str, str] | None = None) -> ToolResult:
+    """Run an external tool; a missing binary is ``skipped``, a non-zero exit or time-out ``failed``."""
+    argv = tuple(argv)
+    exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
+    if exe is None or not Path(exe).exists():
+        return ToolResult(tool, argv, "skipped", None, f"{argv[0]} not found on PATH", "", "")
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, errors="replace",
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as exc:
+        return ToolResult(tool, argv, "failed", None, f"timed out after {timeout_s:g} s",
+                          _text(exc.stdout), _text(exc.stderr))
+    except OSError as exc:
+        return ToolResult(tool, argv, "failed", None, f"could not start: {exc}", "", "")
+    if proc.returncode != 0:
+        first = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:300]
+        return ToolResult(tool, argv, "failed", proc.returncode, f"exit status {proc.returncode}: {first}",
+                          proc.stdout, proc.stderr)
+    return ToolResult(tool, argv, "ok", 0, "", proc.stdout, proc.stderr)
+
+
+def _text(value: str | bytes | None) -> str:
+    if value is None:
+        return ""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def package_versions(names: Sequence[str] = TRACKED_PACKAGES) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
+    """Commit of the workflow and whether its tree had uncommitted changes (results are not counted)."""
+    head = run_tool("git", ["git", "-C", str(repo), "rev-parse", "HEAD"], timeout_s=30)
+    if head.status != "ok":
+        return {"commit": None, "dirty": None, "reason": head.reason}
+    status = run_tool("git", ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"], timeout_s=30)
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.status == "ok" else None}
+
+
+def os_release() -> str:
+    try:
+        for line in Path("/etc/os-release").read_text(encoding="utf-8").splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.platform()
+
+
+def fingerprint_id(env: Mapping[str, Any]) -> str:
+    """Short stable id of the identifying part of env.json."""
+    subset = {k: env.get(k) for k in FINGERPRINT_KEYS}
+    return hashlib.sha256(json.dumps(subset, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def build_env(
+    *, target: str, config_hash: str, compilers: Mapping[str, Any], device: DeviceInfo | None = None
+) -> dict[str, Any]:
+    info = device or detect()
+    env: dict[str, Any] = {
+        "target": target,
+        "captured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "os": {"release": os_release(), "kernel": platform.release(), "machine": platform.machine()},
+        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count()},
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "packages": package_versions(),
+        "device": info.as_dict(),
+        "compilers": dict(compilers),
+        "git": git_state(),
+        "config_hash": config_hash,
+    }
+    env["fingerprint"] = fingerprint_id(env)
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def write_env_json(path: str | Path, env: Mapping[str, Any]) -> None:
+    write_atomic(path, json.dumps(env, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_env(path: str | Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def read_fingerprint(env_json: str | Path) -> str:
+    """The fingerprint id later steps put on every row (pass ``results/<target>/env/env.json``)."""
+    return str(read_env(env_json)["fingerprint"])
+
+
+TOOLS = TableSchema(
+    "tools",
+    (
+        Column("tool", "str", "what was asked (rocm-smi, nvidia-smi, hipcc, ldd:libtorch_python.so...)"),
+        Column("argv", "str", "the command line"),
+        Column("exit_status", "int", "exit status; empty when the tool is absent or timed out"),
+        Column("required", "bool", "expected on this machine's backend (strict mode enforces only these)"),
+        Column("raw_file", "str", "raw output under env/raw/"),
+    ),
+)
+
+
+def tool_commands(python: str = sys.executable) -> list[tuple[str, list[str], set[str]]]:
+    """(name, argv, backends on which the tool is required)."""
+    return [
+        ("rocm-smi", ["rocm-smi"], {"rocm"}),
+        ("rocm-smi-json", ["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram",
+                           "--showuse", "--json"], {"rocm"}),
+        ("rocminfo", ["rocminfo"], {"rocm"}),
+        ("nvidia-smi", ["nvidia-smi", "-q"], {"cuda"}),
+        ("hipcc", ["hipcc", "--version"], set()),
+        ("nvcc", ["nvcc", "--version"], {"cuda"}),
+        ("collect_env", [python, "-m", "torch.utils.collect_env"], {"rocm", "cuda", "cpu"}),
+        ("pip-freeze", [python, "-m", "pip", "freeze", "--all"], {"rocm", "cuda", "cpu"}),
+    ]
+
+
+def _no_device_on_empty_output(result: ToolResult) -> ToolResult:
+    # rocm-smi on a machine without an AMD GPU exits 0, prints nothing and complains on stderr.
+    if result.status == "ok" and not result.stdout.strip() and result.stderr.strip():
+        why = result.stderr.strip().splitlines()[-1][:300]
+        return ToolResult(result.tool, result.argv, "skipped", result.exit_status, f"no AMD GPU: {why}",
+                          result.stdout, result.stderr)
+    return result
+
+
+def torch_libraries() -> tuple[str | None, list[Path]]:
+    """torch's lib directory and the libraries whose dependencies make up the runtime stack."""
+    try:
+        import torch
+    except ImportError:
+        return None, []
+    lib = Path(torch.__file__).resolve().parent / "lib"
+    names = ["libtorch_python.so", "libtorch_hip.so", "libtorch_cuda.so"]
+    return str(lib), [lib / n for n in names if (lib / n).exists()]
+
+
+def _raw_text(result: ToolResult) -> str:
+    return (f"$ {' '.join(result.argv)}\n# status: {result.status}; exit status: {result.exit_status}; "
+            f"{result.reason}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
+
+
+def capture(out_dir: str | Path, *, target: str, config_hash: str, timeout_s: float = 120,
+            device: DeviceInfo | None = None) -> dict[str, Any]:
+    """Write env.json, tools.csv, runtime_stack.csv and raw/ under ``out_dir``; return env.json's content."""
+    from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
+    from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
+
+    out = Path(out_dir)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    info = device or detect()
+    results: dict[str, ToolResult] = {}
+    required: dict[str, bool] = {}
+    for name, argv, backends in tool_commands():
+        result = run_tool(name, argv, timeout_s)
+        if name.startswith("rocm-smi"):
+            result = _no_device_on_empty_output(result)
+        results[name] = result
+        required[name] = info.backend in backends
+    lib_dir, libs = torch_libraries()
+    ldd_outputs = []
+    for lib in libs:
+        result = run_tool(f"ldd:{lib.name}", ["ldd", str(lib)], timeout_s)
+        results[result.tool] = result
+        required[result.tool] = True
+        if result.status == "ok":
+            ldd_outputs.append((lib.name, result.stdout))
+
+    base = {"target": target}
+    env = build_env(target=target, config_hash=config_hash, device=info,
+                    compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")})
+    base["fingerprint"] = env["fingerprint"]
+    tool_rows = []
+    for name, result in results.items():
+        raw_file = f"raw/{name.replace(':', '_')}.txt"
+        write_atomic(out / raw_file, _raw_text(result))
+        tool_rows.append({**base, "status": result.status, "reason": result.reason, "tool": name,
+                          "argv": " ".join(result.argv), "exit_status": result.exit_status,
+                          "required": required[name], "raw_file": raw_file})
+
+    smi: dict[str, Any] = {}
+    try:
+        if results["rocm-smi-json"].status == "ok":
+            smi["rocm_smi"] = parse_rocm_smi_json(results["rocm-smi-json"].stdout)
+        if results["rocminfo"].status == "ok":
+            smi["rocminfo_gpus"] = parse_rocminfo(results["rocminfo"].stdout)
+        if results["nvidia-smi"].status == "ok":
+            smi["nvidia_smi"] = parse_nvidia_smi_q(results["nvidia-smi"].stdout)
+    except (ValueError, KeyError) as exc:  # an unparseable tool output is recorded, the raw file kept
+        smi["parse_error"] = f"{type(exc).__name__}: {exc}"
+    env["smi"] = smi
+    env["tools"] = {name: r.summary() for name, r in results.items()}
+
+    stack = stack_rows(ldd_outputs, lib_dir)
+    RUNTIME_STACK.write([{**base, "status": "ok", **row} for row in stack], out / "runtime_stack.csv")
+    TOOLS.write(tool_rows, out / "tools.csv")
+    write_env_json(out / "env.json", env)
+    return env
+
+
+def _version_line(result: ToolResult) -> dict[str, Any]:
+    text = result.stdout.strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    release = next((ln for ln in lines if "release" in ln.lower() or "version" in ln.lower()), lines[-1] if lines else "")
+    return {"status": result.status, "reason": result.reason, "version": release.strip()}

@@ -1,0 +1,18 @@
+"""Where the workflow's own files live, resolved from this package (installed editable from the repo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent.parent
+WORKFLOW_DIR = REPO_ROOT / "workflow"
+SCHEMA_DIR = WORKFLOW_DIR / "schemas"
+CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
+KERNELS_DIR = REPO_ROOT / "kernels"
+DEFAULT_CONFIG = REPO_ROOT / "config.yaml"
+
+
+def target_dir(results_dir: str | Path, target: str) -> Path:
+    """``results/<target>``: every artifact of one machine class lives below it."""
+    return Path(results_dir) / target

@@ -1,0 +1,1 @@
+"""Report sections, discovered by module; each declares ORDER, ID, TITLE, TEMPLATE and build(ctx)."""

@@ -1,0 +1,171 @@
+"""The one timing function of the project.
+
+Every measured figure goes through :func:`measure`: an untimed first call (compilation, autotuning and
+handle creation land here and are reported separately as ``first_call_ms``), further warm-up calls,
+then repetitions timed with device events on a GPU (``torch.cuda.Event`` is HIP on ROCm) or
+``time.perf_counter`` on CPU, until both a minimum measured time and a minimum repetition count are
+reached. Before each repetition a buffer larger than the last-level cache is overwritten (outside the
+timed region) so repeated runs do not measure the cache; callers may also pass several closures over
+different inputs, which are rotated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from gpulab.device import DeviceInfo, detect
+
+# MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU.
+GPU_FLUSH_BYTES = 512 * 2**20
+CPU_FLUSH_BYTES = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    min_time_s: float = 0.25
+    min_reps: int = 10
+    max_reps: int = 1000
+    warmup_reps: int = 3
+    flush_cache: bool = True
+
+    @classmethod
+    def from_config(cls, timing_config: Mapping[str, Any] | None) -> TimingSettings:
+        known = {k: v for k, v in (timing_config or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of one measurement; :meth:`as_row` gives the columns every measured CSV row carries."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    mean_ms: float
+    min_ms: float
+    cv: float
+    reps: int
+    warmup_reps: int
+    first_call_ms: float
+    timer: str  # device_event | perf_counter
+    cache_policy: str  # flush | rotate:N | none
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+TIMING_COLUMNS = tuple(Timing.__dataclass_fields__)
+
+
+def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
+    """Median, p10/p90, mean, min and coefficient of variation of repetition times."""
+    arr = np.asarray(samples_ms, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError("no samples to summarize")
+    mean = float(arr.mean())
+    std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    return {
+        "median_ms": float(np.median(arr)),
+        "p10_ms": float(np.percentile(arr, 10)),
+        "p90_ms": float(np.percentile(arr, 90)),
+        "mean_ms": mean,
+        "min_ms": float(arr.min()),
+        "cv": std / mean if mean > 0 else math.nan,
+    }
+
+
+class _CacheFlusher:
+    def __init__(self, info: DeviceInfo, enabled: bool) -> None:
+        self.buffer = None
+        if not enabled:
+            return
+        import torch
+
+        nbytes = GPU_FLUSH_BYTES if info.gpu_available else CPU_FLUSH_BYTES
+        if info.gpu_available and info.total_memory_bytes:
+            nbytes = min(nbytes, info.total_memory_bytes // 16)
+        self.buffer = torch.empty(nbytes // 4, dtype=torch.int32, device=info.torch_device)
+
+    def __call__(self) -> None:
+        if self.buffer is not None:
+            self.buffer.fill_(1)
+
+
+def measure(
+    fn: Callable[[], object] | Sequence[Callable[[], object]],
+    settings: TimingSettings | None = None,
+    device: DeviceInfo | None = None,
+) -> Timing:
+    """Time a zero-argument closure (or rotate over several); only the call itself is inside the timer."""
+    import torch
+
+    settings = settings or TimingSettings()
+    info = device or detect()
+    fns = list(fn) if isinstance(fn, Sequence) else [fn]
+    if not fns:
+        raise ValueError("measure() needs at least one closure")
+    gpu = info.gpu_available
+
+    def sync() -> None:
+        if gpu:
+            torch.cuda.synchronize()
+
+    sync()
+    start = time.perf_counter()
+    fns[0]()
+    sync()
+    first_call_ms = (time.perf_counter() - start) * 1e3
+    for i in range(1, settings.warmup_reps):
+        fns[i % len(fns)]()
+    sync()
+
+    flush = _CacheFlusher(info, settings.flush_cache)
+    samples: list[float] = []
+    total_ms = 0.0
+    batch = settings.min_reps
+    while True:
+        if gpu:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)]
+            for i, (begin, end) in enumerate(events):
+                flush()
+                begin.record()
+                fns[(len(samples) + i) % len(fns)]()
+                end.record()
+            torch.cuda.synchronize()
+            new = [begin.elapsed_time(end) for begin, end in events]
+        else:
+            new = []
+            for i in range(batch):
+                flush()
+                t0 = time.perf_counter()
+                fns[(len(samples) + i) % len(fns)]()
+                new.append((time.perf_counter() - t0) * 1e3)
+        samples.extend(new)
+        total_ms += sum(new)
+        if len(samples) >= settings.max_reps or (
+            total_ms >= settings.min_time_s * 1e3 and len(samples) >= settings.min_reps
+        ):
+            break
+        per_rep = max(total_ms / len(samples), 1e-4)
+        wanted = math.ceil((settings.min_time_s * 1e3 - total_ms) / per_rep)
+        batch = max(1, min(settings.max_reps - len(samples), max(wanted, settings.min_reps - len(samples))))
+
+    stats = summarize(samples)
+    if flush.buffer is not None:
+        cache_policy = "flush" + (f"+rotate:{len(fns)}" if len(fns) > 1 else "")
+    else:
+        cache_policy = f"rotate:{len(fns)}" if len(fns) > 1 else "none"
+    return Timing(
+        **stats,
+        reps=len(samples),
+        warmup_reps=settings.warmup_reps,
+        first_call_ms=first_call_ms,
+        timer="device_event" if gpu else "perf_counter",
+        cache_policy=cache_policy,
+    )

@@ -1,0 +1,40 @@
+import os
+import shlex
+import sys
+
+from gpulab.config import config_hash, run_targets
+
+# The report names the exact command that produced it; kept out of params so it never triggers reruns.
+os.environ.setdefault("GPULAB_COMMAND", shlex.join(["snakemake", *sys.argv[1:]]))
+
+RESULTS = config["results_dir"]
+TARGETS = run_targets(config)
+CONFIG_HASH = config_hash(config)
+
+# Every step registers the artifacts it produces for all targets; `all` and the report depend on them.
+STEP_OUTPUTS = {}
+
+
+wildcard_constraints:
+    target=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+
+
+def register_outputs(step, paths):
+    STEP_OUTPUTS[step] = list(paths)
+
+
+def step_outputs(exclude=()):
+    return [p for step, paths in STEP_OUTPUTS.items() if step not in exclude for p in paths]
+
+
+def result(path):
+    """Path pattern of an artifact under results/<target>/."""
+    return f"{RESULTS}/{{target}}/{path}"
+
+
+def log_of(name):
+    return f"{RESULTS}/{{target}}/logs/{name}.log"
+
+
+def env_json(wildcards):
+    return f"{RESULTS}/{wildcards.target}/env/env.json"

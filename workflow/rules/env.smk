@@ -1,0 +1,20 @@
+rule env_capture:
+    output:
+        env=result("env/env.json"),
+        tools=result("env/tools.csv"),
+        stack=report(
+            result("env/runtime_stack.csv"),
+            caption="../report/runtime_stack.rst",
+            category="Environment",
+        ),
+    log:
+        log_of("env_capture"),
+    params:
+        strict=config["strict"],
+        timeout_s=config["env_capture"]["tool_timeout_s"],
+        config_hash=CONFIG_HASH,
+    script:
+        "../scripts/env_capture.py"
+
+
+register_outputs("env", expand(result("env/env.json"), target=TARGETS))

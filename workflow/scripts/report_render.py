@@ -1,0 +1,13 @@
+"""Snakemake script of rule report_render: thin wrapper over gpulab.report.render."""
+
+from gpulab.logs import to_log
+
+to_log(snakemake.log[0])
+
+import os  # noqa: E402
+
+from gpulab.report.render import render_report  # noqa: E402
+
+command = os.environ.get("GPULAB_COMMAND", "snakemake --cores 1")
+path = render_report(snakemake.params.results_dir, snakemake.output[0], snakemake.params.config, command)
+print(f"report written to {path}")
