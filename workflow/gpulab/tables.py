@@ -92,7 +92,7 @@ class TableSchema:
             if row["status"] not in STATUSES:
                 raise SchemaError(f"{self.name}: row {i} has status {row['status']!r}; expected one of {STATUSES}")
         df = pd.DataFrame(rows, columns=self.names)
-        df["reason"] = df["reason"].fillna("")
+        df["reason"] = df["reason"].astype("object").fillna("")
         for column in self.all_columns:
             # Nullable dtypes keep "3" an integer even when other rows leave the cell empty.
             if column.kind == "int":
@@ -111,7 +111,7 @@ class TableSchema:
         missing = [c for c in self.names if c not in df.columns]
         if missing:
             raise SchemaError(f"{path}: not a {self.name} table, missing column(s) {missing}")
-        df["reason"] = df["reason"].fillna("")
+        df["reason"] = df["reason"].astype("object").fillna("")
         return df
 
 

@@ -1,0 +1,41 @@
+"""The workflow as a user runs it: dry-run speed and config validation before any job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1"]
+
+
+def run_snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--configfile", str(REPO / "config.yaml"), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_is_fast(tmp_path):
+    run_snakemake(tmp_path, "-n")  # first call warms imports and Snakemake's caches
+    start = time.perf_counter()
+    proc = run_snakemake(tmp_path, "-n")
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    assert "env_capture" in proc.stdout + proc.stderr
+    assert elapsed < 3.0, f"snakemake -n took {elapsed:.2f} s"
+
+
+def test_bad_config_fails_before_any_job_and_writes_nothing(tmp_path):
+    proc = run_snakemake(tmp_path, "--config", "bench={'dtypes': ['fp64']}")
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert "bench.dtypes[0]: 'fp64' is not allowed; expected one of 'fp32', 'fp16', 'bf16'" in output
+    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "reports").exists()
+
+
+def test_unknown_key_fails(tmp_path):
+    proc = run_snakemake(tmp_path, "-n", "--config", "sizes=3")
+    assert proc.returncode != 0
+    assert "unknown key 'sizes'" in proc.stdout + proc.stderr
