@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpulab.config import ConfigError, config_hash, load_config, run_targets, validate_config
 
 
@@ -31,7 +30,10 @@ def test_every_schema_property_is_documented():
     [
         ({"bogus": 1}, "unknown key 'bogus'"),
         ({"bench": {"dtype": ["fp32"]}}, "unknown key 'bench.dtype'; allowed keys here: dtypes, impls, ops, sizes"),
-        ({"bench": {"dtypes": ["fp64"]}}, "bench.dtypes[0]: 'fp64' is not allowed; expected one of 'fp32', 'fp16', 'bf16'"),
+        (
+            {"bench": {"dtypes": ["fp64"]}},
+            "bench.dtypes[0]: 'fp64' is not allowed; expected one of 'fp32', 'fp16', 'bf16'",
+        ),
         ({"bench": {"ops": ["conv"]}}, "bench.ops[0]: 'conv' is not allowed; expected one of 'gelu', 'softmax', 'add'"),
         ({"bench": {"sizes": {"gelu": [-4]}}}, "bench.sizes.gelu[0]: -4 is not allowed; expected integer >= 1"),
         ({"strict": "yes"}, "strict: 'yes' is not allowed; expected boolean"),

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpulab.device import DeviceInfo, detect, gfx_from_override, offload_archs
 
 
@@ -31,7 +30,9 @@ def test_offload_arch_rocm_device_and_override():
     # An RDNA3 iGPU run with the override executes gfx1100 code objects, so build for gfx1100.
     assert offload_archs(rocm, environ={"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}) == ["gfx1100"]
     assert offload_archs(rocm, pinned=["gfx90a", "gfx942"], environ={"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}) == [
-        "gfx90a", "gfx942"]
+        "gfx90a",
+        "gfx942",
+    ]
 
 
 def test_offload_arch_without_gpu_defaults_to_debian_hipcc_arch():

@@ -5,7 +5,6 @@ import shutil
 
 import pandas as pd
 import pytest
-
 from gpulab.env_capture import ToolResult, _no_device_on_empty_output, capture, fingerprint_id, run_tool
 from gpulab.runtime_stack import RUNTIME_STACK, classify, parse_ldd, stack_rows
 from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
@@ -37,23 +36,38 @@ def test_study_rocm_ldd_listing_classifies(fixtures):
 
 @pytest.mark.parametrize(
     ("soname", "layer"),
-    [("libcudart.so.13", "gpu_runtime"), ("libcublasLt.so.13", "math"), ("libcudnn.so.9", "math"),
-     ("libnccl.so.2", "communication"), ("libnvrtc.so.13", "compiler"), ("libcuda.so.1", "driver"),
-     ("libcupti.so.13", "profiling"), ("librocblas.so.4", "math"), ("libMIOpen.so.1", "math"),
-     ("librccl.so.1", "communication"), ("libroctracer64.so.4", "profiling"), ("libc.so.6", "system"),
-     ("libtorch_cuda.so", "framework")],
+    [
+        ("libcudart.so.13", "gpu_runtime"),
+        ("libcublasLt.so.13", "math"),
+        ("libcudnn.so.9", "math"),
+        ("libnccl.so.2", "communication"),
+        ("libnvrtc.so.13", "compiler"),
+        ("libcuda.so.1", "driver"),
+        ("libcupti.so.13", "profiling"),
+        ("librocblas.so.4", "math"),
+        ("libMIOpen.so.1", "math"),
+        ("librccl.so.1", "communication"),
+        ("libroctracer64.so.4", "profiling"),
+        ("libc.so.6", "system"),
+        ("libtorch_cuda.so", "framework"),
+    ],
 )
 def test_classify_cuda_and_rocm_libraries(soname, layer):
     assert classify(soname)[0] == layer
 
 
 def test_parse_ldd_variants():
-    text = ("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibfoo.so.1 => not found\n"
-            "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n")
+    text = (
+        "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibfoo.so.1 => not found\n"
+        "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n"
+    )
     entries = parse_ldd(text)
     assert [(e.library, e.path) for e in entries] == [
-        ("linux-vdso.so.1", ""), ("libfoo.so.1", None), ("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"),
-        ("ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2")]
+        ("linux-vdso.so.1", ""),
+        ("libfoo.so.1", None),
+        ("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"),
+        ("ld-linux-x86-64.so.2", "/lib64/ld-linux-x86-64.so.2"),
+    ]
 
 
 def test_rocm_smi_json_parsers(fixtures):
@@ -75,9 +89,15 @@ def test_rocminfo_parser(fixtures):
 
 
 def test_rocm_smi_without_gpu_is_no_device(fixtures):
-    recorded = ToolResult("rocm-smi", ("rocm-smi",), "ok", 0, "",
-                          (fixtures / "env/rocm_smi_no_gpu.stdout").read_text(),
-                          (fixtures / "env/rocm_smi_no_gpu.stderr").read_text())
+    recorded = ToolResult(
+        "rocm-smi",
+        ("rocm-smi",),
+        "ok",
+        0,
+        "",
+        (fixtures / "env/rocm_smi_no_gpu.stdout").read_text(),
+        (fixtures / "env/rocm_smi_no_gpu.stderr").read_text(),
+    )
     result = _no_device_on_empty_output(recorded)
     assert result.status == "skipped"
     assert result.reason.startswith("no AMD GPU: ") and "amdgpu not found" in result.reason
@@ -123,8 +143,16 @@ def test_capture_on_this_machine(tmp_path):
     saved = json.loads((tmp_path / "env.json").read_text())
     assert saved["fingerprint"] == env["fingerprint"] == fingerprint_id(saved)
     tools = pd.read_csv(tmp_path / "tools.csv")
-    assert {"rocm-smi", "rocminfo", "nvidia-smi", "hipcc", "nvcc", "collect_env", "pip-freeze",
-            "ldd:libtorch_python.so"} <= set(tools["tool"])
+    assert {
+        "rocm-smi",
+        "rocminfo",
+        "nvidia-smi",
+        "hipcc",
+        "nvcc",
+        "collect_env",
+        "pip-freeze",
+        "ldd:libtorch_python.so",
+    } <= set(tools["tool"])
     assert set(tools["status"]) <= {"ok", "skipped", "failed"}
     # Every tool left a raw record, and every non-ok outcome says why.
     for row in tools.itertuples():

@@ -5,7 +5,6 @@ import os
 
 import pandas as pd
 import pytest
-
 from gpulab.tables import Column, SchemaError, StrictModeError, TableSchema, enforce_strict, write_atomic
 from gpulab.timing import TIMING_COLUMNS, TimingSettings, measure, summarize
 
@@ -71,8 +70,13 @@ def test_schema_rejects_undeclared_and_bad_status(tmp_path):
 
 def test_schema_round_trip_keeps_ints(tmp_path):
     path = tmp_path / "x.csv"
-    SCHEMA.write([{"target": "t", "fingerprint": "f", "status": "ok", "op": "gelu", "size": 3},
-                  {"target": "t", "fingerprint": "f", "status": "skipped", "reason": "no GPU", "op": "gelu"}], path)
+    SCHEMA.write(
+        [
+            {"target": "t", "fingerprint": "f", "status": "ok", "op": "gelu", "size": 3},
+            {"target": "t", "fingerprint": "f", "status": "skipped", "reason": "no GPU", "op": "gelu"},
+        ],
+        path,
+    )
     df = SCHEMA.read(path)
     assert list(df.columns) == SCHEMA.names
     assert "3," in path.read_text() and "3.0" not in path.read_text()

@@ -12,8 +12,12 @@ SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "
 
 
 def run_snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SNAKEMAKE, "--directory", str(workdir), "--configfile", str(REPO / "config.yaml"), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*SNAKEMAKE, "--directory", str(workdir), "--configfile", str(REPO / "config.yaml"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_dry_run_is_fast(tmp_path):

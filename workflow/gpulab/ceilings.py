@@ -46,7 +46,11 @@ def resolve_sizes(config: Mapping[str, Any], info: DeviceInfo) -> tuple[int, int
 
 
 def measure_ceilings(
-    config: Mapping[str, Any], timing: TimingSettings, *, target: str, fingerprint: str,
+    config: Mapping[str, Any],
+    timing: TimingSettings,
+    *,
+    target: str,
+    fingerprint: str,
     device: DeviceInfo | None = None,
 ) -> list[dict[str, Any]]:
     import torch
@@ -62,12 +66,26 @@ def measure_ceilings(
     for name in dtypes:
         numel = copy_bytes // ITEMSIZE[name]
         # Two source/destination pairs rotated, on top of the cache flush, so no copy hits the cache.
-        pairs = [(torch.randn(numel, device=dev).to(torch_dtype(name)), torch.empty(numel, device=dev,
-                  dtype=torch_dtype(name))) for _ in range(2)]
+        pairs = [
+            (
+                torch.randn(numel, device=dev).to(torch_dtype(name)),
+                torch.empty(numel, device=dev, dtype=torch_dtype(name)),
+            )
+            for _ in range(2)
+        ]
         timing_row = measure([lambda s=s, d=d: d.copy_(s) for s, d in pairs], timing, info)
         seconds = timing_row.median_ms / 1e3
-        rows.append({**base, "status": "ok", "kind": "copy", "dtype": name, "size": copy_bytes,
-                     "gbps": 2 * copy_bytes / seconds / 1e9, **timing_row.as_row()})
+        rows.append(
+            {
+                **base,
+                "status": "ok",
+                "kind": "copy",
+                "dtype": name,
+                "size": copy_bytes,
+                "gbps": 2 * copy_bytes / seconds / 1e9,
+                **timing_row.as_row(),
+            }
+        )
         del pairs
     for mode in matmul_modes:
         dtype = torch_dtype("fp32" if mode == "tf32" else mode)
@@ -79,8 +97,17 @@ def measure_ceilings(
             timing_row = measure(lambda a=a, b=b: a @ b, timing, info)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = previous
-        rows.append({**base, "status": "ok", "kind": "matmul", "dtype": mode, "size": n,
-                     "tflops": 2 * n**3 / (timing_row.median_ms / 1e3) / 1e12, **timing_row.as_row()})
+        rows.append(
+            {
+                **base,
+                "status": "ok",
+                "kind": "matmul",
+                "dtype": mode,
+                "size": n,
+                "tflops": 2 * n**3 / (timing_row.median_ms / 1e3) / 1e12,
+                **timing_row.as_row(),
+            }
+        )
         del a, b
     return rows
 

@@ -27,8 +27,17 @@ from gpulab.tables import Column, TableSchema, write_atomic
 
 # Keys of env.json that identify the software/hardware; the rest (time, host) describe the capture.
 FINGERPRINT_KEYS = ("os", "cpu", "python", "packages", "device", "compilers", "git", "config_hash")
-TRACKED_PACKAGES = ("torch", "triton", "pytorch-triton-rocm", "transformers", "tokenizers", "modelscope",
-                    "numpy", "snakemake", "gpulab")
+TRACKED_PACKAGES = (
+    "torch",
+    "triton",
+    "pytorch-triton-rocm",
+    "transformers",
+    "tokenizers",
+    "modelscope",
+    "numpy",
+    "snakemake",
+    "gpulab",
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,9 @@ class ToolResult:
         return out
 
 
-def run_tool(tool: str, argv: Sequence[str], timeout_s: float = 120, env: Mapping[str, str] | None = None) -> ToolResult:
+def run_tool(
+    tool: str, argv: Sequence[str], timeout_s: float = 120, env: Mapping[str, str] | None = None
+) -> ToolResult:
     """Run an external tool; a missing binary is ``skipped``, a non-zero exit or time-out ``failed``."""
     argv = tuple(argv)
     exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
@@ -59,18 +70,24 @@ def run_tool(tool: str, argv: Sequence[str], timeout_s: float = 120, env: Mappin
         return ToolResult(tool, argv, "skipped", None, f"{argv[0]} not found on PATH", "", "")
     try:
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout_s, errors="replace",
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            errors="replace",
             env={**os.environ, **(env or {})},
         )
     except subprocess.TimeoutExpired as exc:
-        return ToolResult(tool, argv, "failed", None, f"timed out after {timeout_s:g} s",
-                          _text(exc.stdout), _text(exc.stderr))
+        return ToolResult(
+            tool, argv, "failed", None, f"timed out after {timeout_s:g} s", _text(exc.stdout), _text(exc.stderr)
+        )
     except OSError as exc:
         return ToolResult(tool, argv, "failed", None, f"could not start: {exc}", "", "")
     if proc.returncode != 0:
         first = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:300]
-        return ToolResult(tool, argv, "failed", proc.returncode, f"exit status {proc.returncode}: {first}",
-                          proc.stdout, proc.stderr)
+        return ToolResult(
+            tool, argv, "failed", proc.returncode, f"exit status {proc.returncode}: {first}", proc.stdout, proc.stderr
+        )
     return ToolResult(tool, argv, "ok", 0, "", proc.stdout, proc.stderr)
 
 
@@ -176,8 +193,11 @@ def tool_commands(python: str = sys.executable) -> list[tuple[str, list[str], se
     """(name, argv, backends on which the tool is required)."""
     return [
         ("rocm-smi", ["rocm-smi"], {"rocm"}),
-        ("rocm-smi-json", ["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram",
-                           "--showuse", "--json"], {"rocm"}),
+        (
+            "rocm-smi-json",
+            ["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram", "--showuse", "--json"],
+            {"rocm"},
+        ),
         ("rocminfo", ["rocminfo"], {"rocm"}),
         ("nvidia-smi", ["nvidia-smi", "-q"], {"cuda"}),
         ("hipcc", ["hipcc", "--version"], set()),
@@ -191,8 +211,9 @@ def _no_device_on_empty_output(result: ToolResult) -> ToolResult:
     # rocm-smi on a machine without an AMD GPU exits 0, prints nothing and complains on stderr.
     if result.status == "ok" and not result.stdout.strip() and result.stderr.strip():
         why = result.stderr.strip().splitlines()[-1][:300]
-        return ToolResult(result.tool, result.argv, "skipped", result.exit_status, f"no AMD GPU: {why}",
-                          result.stdout, result.stderr)
+        return ToolResult(
+            result.tool, result.argv, "skipped", result.exit_status, f"no AMD GPU: {why}", result.stdout, result.stderr
+        )
     return result
 
 
@@ -208,12 +229,15 @@ def torch_libraries() -> tuple[str | None, list[Path]]:
 
 
 def _raw_text(result: ToolResult) -> str:
-    return (f"$ {' '.join(result.argv)}\n# status: {result.status}; exit status: {result.exit_status}; "
-            f"{result.reason}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
+    return (
+        f"$ {' '.join(result.argv)}\n# status: {result.status}; exit status: {result.exit_status}; "
+        f"{result.reason}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}"
+    )
 
 
-def capture(out_dir: str | Path, *, target: str, config_hash: str, timeout_s: float = 120,
-            device: DeviceInfo | None = None) -> dict[str, Any]:
+def capture(
+    out_dir: str | Path, *, target: str, config_hash: str, timeout_s: float = 120, device: DeviceInfo | None = None
+) -> dict[str, Any]:
     """Write env.json, tools.csv, runtime_stack.csv and raw/ under ``out_dir``; return env.json's content."""
     from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
     from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
@@ -240,16 +264,29 @@ def capture(out_dir: str | Path, *, target: str, config_hash: str, timeout_s: fl
             ldd_outputs.append((lib.name, result.stdout))
 
     base = {"target": target}
-    env = build_env(target=target, config_hash=config_hash, device=info,
-                    compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")})
+    env = build_env(
+        target=target,
+        config_hash=config_hash,
+        device=info,
+        compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")},
+    )
     base["fingerprint"] = env["fingerprint"]
     tool_rows = []
     for name, result in results.items():
         raw_file = f"raw/{name.replace(':', '_')}.txt"
         write_atomic(out / raw_file, _raw_text(result))
-        tool_rows.append({**base, "status": result.status, "reason": result.reason, "tool": name,
-                          "argv": " ".join(result.argv), "exit_status": result.exit_status,
-                          "required": required[name], "raw_file": raw_file})
+        tool_rows.append(
+            {
+                **base,
+                "status": result.status,
+                "reason": result.reason,
+                "tool": name,
+                "argv": " ".join(result.argv),
+                "exit_status": result.exit_status,
+                "required": required[name],
+                "raw_file": raw_file,
+            }
+        )
 
     smi: dict[str, Any] = {}
     try:
@@ -274,5 +311,7 @@ def capture(out_dir: str | Path, *, target: str, config_hash: str, timeout_s: fl
 def _version_line(result: ToolResult) -> dict[str, Any]:
     text = result.stdout.strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    release = next((ln for ln in lines if "release" in ln.lower() or "version" in ln.lower()), lines[-1] if lines else "")
+    release = next(
+        (ln for ln in lines if "release" in ln.lower() or "version" in ln.lower()), lines[-1] if lines else ""
+    )
     return {"status": result.status, "reason": result.reason, "version": release.strip()}

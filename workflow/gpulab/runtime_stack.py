@@ -36,10 +36,18 @@ _RULES: tuple[tuple[str, str, str], ...] = (
     ("gpu_runtime", "amd", r"libamdhip64"),
     ("gpu_runtime", "nvidia", r"libcudart"),
     ("hsa_runtime", "amd", r"libhsa-runtime64|libhsakmt"),
-    ("math", "amd", r"lib(hipblaslt|hipblas|rocblas|miopen|MIOpen|hipfft|rocfft|hiprand|rocrand|hipsparselt|"
-                    r"hipsparse|rocsparse|hipsolver|rocsolver|aotriton|hipdnn|rocm_smi|amd_smi|roctx)"),
-    ("math", "nvidia", r"lib(cublasLt|cublas|cudnn|cufft|curand|cusparseLt|cusparse|cusolver|cufile|nvToolsExt"
-                       r"|nvrtc-builtins|cuda-pathfinder|nvshmem)"),
+    (
+        "math",
+        "amd",
+        r"lib(hipblaslt|hipblas|rocblas|miopen|MIOpen|hipfft|rocfft|hiprand|rocrand|hipsparselt|"
+        r"hipsparse|rocsparse|hipsolver|rocsolver|aotriton|hipdnn|rocm_smi|amd_smi|roctx)",
+    ),
+    (
+        "math",
+        "nvidia",
+        r"lib(cublasLt|cublas|cudnn|cufft|curand|cusparseLt|cusparse|cusolver|cufile|nvToolsExt"
+        r"|nvrtc-builtins|cuda-pathfinder|nvshmem)",
+    ),
     ("communication", "amd", r"librccl"),
     ("communication", "nvidia", r"libnccl"),
     ("profiling", "amd", r"lib(roctracer|rocprofiler|rocprof)"),
@@ -55,8 +63,11 @@ RUNTIME_STACK = TableSchema(
         Column("library", "str", "soname as ldd prints it"),
         Column("path", "str", "resolved path (empty when not found)"),
         Column("origin", "str", "torch wheel | pip package | system | not found | virtual"),
-        Column("layer", "str", "framework | gpu_runtime | hsa_runtime | compiler | math | communication | "
-                               "profiling | driver | system"),
+        Column(
+            "layer",
+            "str",
+            "framework | gpu_runtime | hsa_runtime | compiler | math | communication | profiling | driver | system",
+        ),
         Column("vendor", "str", "amd | nvidia | pytorch | system"),
         Column("needed_by", "str", "which of torch's libraries pulled it in (';'-separated)"),
     ),

@@ -35,20 +35,23 @@ def parse_rocm_smi_json(text: str) -> dict[str, Any]:
             continue
         total = _first(card, "VRAM Total Memory (B)")
         used = _first(card, "VRAM Total Used Memory (B)")
-        devices.append({
-            "card": key,
-            "product": _first(card, "Card Series", "Device Name", "Card Model"),
-            "model": _first(card, "Card Model", "Device ID"),
-            "vendor": _first(card, "Card Vendor"),
-            "sku": _first(card, "Card SKU"),
-            "gfx_version": _first(card, "GFX Version"),
-            "vram_total_bytes": int(total) if total and total.isdigit() else None,
-            "vram_used_bytes": int(used) if used and used.isdigit() else None,
-            "gpu_use_pct": float(u) if (u := _first(card, "GPU use (%)")) and _is_number(u) else None,
-        })
+        devices.append(
+            {
+                "card": key,
+                "product": _first(card, "Card Series", "Device Name", "Card Model"),
+                "model": _first(card, "Card Model", "Device ID"),
+                "vendor": _first(card, "Card Vendor"),
+                "sku": _first(card, "Card SKU"),
+                "gfx_version": _first(card, "GFX Version"),
+                "vram_total_bytes": int(total) if total and total.isdigit() else None,
+                "vram_used_bytes": int(used) if used and used.isdigit() else None,
+                "gpu_use_pct": float(u) if (u := _first(card, "GPU use (%)")) and _is_number(u) else None,
+            }
+        )
     system = data.get("system", {}) if isinstance(data.get("system"), dict) else {}
     driver = _first(system, "Driver version") or next(
-        (d for c in data.values() if isinstance(c, dict) and (d := _first(c, "Driver version"))), None)
+        (d for c in data.values() if isinstance(c, dict) and (d := _first(c, "Driver version"))), None
+    )
     return {"devices": devices, "driver_version": driver}
 
 
@@ -70,12 +73,14 @@ def parse_rocminfo(text: str) -> list[dict[str, str]]:
             if m and m[1] not in fields:
                 fields[m[1]] = m[2]
         if fields.get("Device Type") == "GPU":
-            agents.append({
-                "name": fields.get("Name", ""),
-                "marketing_name": fields.get("Marketing Name", ""),
-                "compute_units": fields.get("Compute Unit", ""),
-                "vendor": fields.get("Vendor Name", ""),
-            })
+            agents.append(
+                {
+                    "name": fields.get("Name", ""),
+                    "marketing_name": fields.get("Marketing Name", ""),
+                    "compute_units": fields.get("Compute Unit", ""),
+                    "vendor": fields.get("Vendor Name", ""),
+                }
+            )
     return agents
 
 

@@ -131,7 +131,9 @@ def measure(
     batch = settings.min_reps
     while True:
         if gpu:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)]
+            events = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)
+            ]
             for i, (begin, end) in enumerate(events):
                 flush()
                 begin.record()

@@ -1,11 +1,10 @@
-import os
-import shlex
 import sys
 
 from gpulab.config import config_hash, run_targets
+from gpulab.jobenv import prepare
 
-# The report names the exact command that produced it; kept out of params so it never triggers reruns.
-os.environ.setdefault("GPULAB_COMMAND", shlex.join(["snakemake", *sys.argv[1:]]))
+prepare(workflow.basedir, sys.argv)
+CONDA_ENV = "../../env/conda.yaml"
 
 RESULTS = config["results_dir"]
 TARGETS = run_targets(config)
@@ -24,7 +23,9 @@ def register_outputs(step, paths):
 
 
 def step_outputs(exclude=()):
-    return [p for step, paths in STEP_OUTPUTS.items() if step not in exclude for p in paths]
+    return [
+        p for step, paths in STEP_OUTPUTS.items() if step not in exclude for p in paths
+    ]
 
 
 def result(path):

@@ -9,6 +9,8 @@ rule env_capture:
         ),
     log:
         log_of("env_capture"),
+    conda:
+        CONDA_ENV
     params:
         strict=config["strict"],
         timeout_s=config["env_capture"]["tool_timeout_s"],

@@ -5,8 +5,10 @@ rule report_render:
         config["report"]["output"],
     log:
         f"{RESULTS}/report_render.log",
+    conda:
+        CONDA_ENV
     params:
-        results_dir=RESULTS,
+        results_dir=lambda wildcards: RESULTS,
         config=config,
     script:
         "../scripts/report_render.py"

@@ -10,8 +10,12 @@ from gpulab.env_capture import TOOLS, capture  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 
 out_dir = Path(snakemake.output.env).parent
-env = capture(out_dir, target=snakemake.wildcards.target, config_hash=snakemake.params.config_hash,
-              timeout_s=snakemake.params.timeout_s)
+env = capture(
+    out_dir,
+    target=snakemake.wildcards.target,
+    config_hash=snakemake.params.config_hash,
+    timeout_s=snakemake.params.timeout_s,
+)
 print(f"fingerprint {env['fingerprint']}: {env['device']['backend']} / {env['device']['name']}")
 tools = TOOLS.read(snakemake.output.tools)
 enforce_strict(tools[tools["required"]], snakemake.params.strict, "env_capture (tools required on this backend)")
