@@ -29,7 +29,10 @@ def test_every_schema_property_is_documented():
     ("config", "expected"),
     [
         ({"bogus": 1}, "unknown key 'bogus'"),
-        ({"bench": {"dtype": ["fp32"]}}, "unknown key 'bench.dtype'; allowed keys here: dtypes, impls, ops, sizes"),
+        (
+            {"bench": {"dtype": ["fp32"]}},
+            "unknown key 'bench.dtype'; allowed keys here: dtypes, impls, max_tensor_mib, ops, sizes, tolerances",
+        ),
         (
             {"bench": {"dtypes": ["fp64"]}},
             "bench.dtypes[0]: 'fp64' is not allowed; expected one of 'fp32', 'fp16', 'bf16'",

@@ -102,3 +102,13 @@ def test_enforce_strict():
     enforce_strict(rows, strict=False, what="demo")
     with pytest.raises(StrictModeError, match=r"skipped: no GPU \[op=softmax\]"):
         enforce_strict(rows, strict=True, what="demo")
+
+
+def test_measure_caps_wall_time_once_min_reps_are_done():
+    import time
+
+    settings = TimingSettings(min_time_s=10.0, min_reps=5, max_reps=1000, max_wall_s=0.05, flush_cache=False)
+    start = time.perf_counter()
+    timing = measure(lambda: time.sleep(0.002), settings)
+    assert timing.reps >= 5
+    assert time.perf_counter() - start < 1.0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from gpulab.device import DeviceInfo, detect
@@ -22,9 +23,10 @@ from gpulab.timing import TimingSettings, measure
 CEILINGS = TableSchema(
     "ceilings",
     (
-        Column("kind", "str", "copy (device-to-device, bytes read + written) | matmul (square, 2n^3 flops)"),
+        Column("kind", "str", "copy (device-to-device, bytes read + written) | copy_curve (the same copy at "
+               "smaller buffers: what moving that many bytes reaches) | matmul (square, 2n^3 flops)"),
         Column("dtype", "str", "fp32 | tf32 | fp16 | bf16"),
-        Column("size", "int", "bytes per copy buffer, or the matmul side n"),
+        Column("size", "int", "bytes per copy buffer, or the matmul side n (auto on CPU: smaller for slow dtypes)"),
         Column("gbps", "float", "achieved GB/s (1e9 bytes/s), copy rows"),
         Column("tflops", "float", "achieved TFLOP/s, matmul rows"),
     ),
@@ -43,6 +45,38 @@ def resolve_sizes(config: Mapping[str, Any], info: DeviceInfo) -> tuple[int, int
     if matmul_n == "auto":
         matmul_n = 8192 if info.gpu_available else 1024
     return int(copy_mib) * 2**20, int(matmul_n)
+
+
+# One CPU product of the auto size should take at most this long: CPUs without native fp16/bf16 matrix
+# instructions emulate them (seen: 5 s for one 1024^3 bf16 product on a 2-core VM), and ten timed
+# repetitions of that would dominate the whole default CPU run.
+CPU_MATMUL_PROBE_S = 0.2
+MIN_MATMUL_N = 128
+
+
+def fit_cpu_matmul(n: int, dtype: Any, probe_s: float = CPU_MATMUL_PROBE_S) -> int:
+    """Largest side <= n (halving) whose single CPU product takes at most ``probe_s``."""
+    import time
+
+    import torch
+
+    while n > MIN_MATMUL_N:
+        a = torch.randn(n, n).to(dtype)
+        start = time.perf_counter()
+        a @ a
+        if time.perf_counter() - start <= probe_s:
+            break
+        n //= 2
+    return n
+
+
+def copy_curve_sizes(copy_bytes: int) -> list[int]:
+    """Buffer sizes of the copy curve: powers of four from 4 MiB up to (excluding) the main copy."""
+    sizes, size = [], 4 * 2**20
+    while size < copy_bytes:
+        sizes.append(size)
+        size *= 4
+    return sizes
 
 
 def measure_ceilings(
@@ -87,10 +121,21 @@ def measure_ceilings(
             }
         )
         del pairs
+    # Smaller copies reach less (launch and tail effects): the curve says what a kernel moving that many
+    # bytes can expect, for small benchmark cases whose share of the big copy's rate looks low.
+    for buffer_bytes in copy_curve_sizes(copy_bytes):
+        numel = buffer_bytes // ITEMSIZE["fp32"]
+        pairs = [(torch.randn(numel, device=dev), torch.empty(numel, device=dev)) for _ in range(2)]
+        timing_row = measure([lambda s=s, d=d: d.copy_(s) for s, d in pairs], timing, info)
+        rows.append({**base, "status": "ok", "kind": "copy_curve", "dtype": "fp32", "size": buffer_bytes,
+                     "gbps": 2 * buffer_bytes / (timing_row.median_ms / 1e3) / 1e9, **timing_row.as_row()})
+        del pairs
+    shrink = config.get("matmul_n", "auto") == "auto" and not info.gpu_available
     for mode in matmul_modes:
         dtype = torch_dtype("fp32" if mode == "tf32" else mode)
-        a = torch.randn(n, n, device=dev, dtype=dtype)
-        b = torch.randn(n, n, device=dev, dtype=dtype)
+        side = fit_cpu_matmul(n, dtype) if shrink else n
+        a = torch.randn(side, side, device=dev, dtype=dtype)
+        b = torch.randn(side, side, device=dev, dtype=dtype)
         previous = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
         try:
@@ -103,8 +148,8 @@ def measure_ceilings(
                 "status": "ok",
                 "kind": "matmul",
                 "dtype": mode,
-                "size": n,
-                "tflops": 2 * n**3 / (timing_row.median_ms / 1e3) / 1e12,
+                "size": side,
+                "tflops": 2 * side**3 / (timing_row.median_ms / 1e3) / 1e12,
                 **timing_row.as_row(),
             }
         )
@@ -133,6 +178,18 @@ class Ceilings:
             ok = self.table[(self.table["kind"] == "copy") & (self.table["status"] == "ok")]
             value = float(ok["gbps"].max()) if not ok.empty else math.nan
         return value
+
+    def copy_gbps_for(self, bytes_moved: float) -> float:
+        """Copy bandwidth measured when moving about ``bytes_moved`` bytes (read + written), interpolated
+        in log size over the copy curve and the main copy; the main copy's rate beyond it."""
+        copies = self.table[(self.table["status"] == "ok") & self.table["kind"].isin(["copy", "copy_curve"])]
+        if copies.empty:
+            return math.nan
+        moved = (2 * copies["size"].astype(float)).to_numpy()
+        gbps = copies["gbps"].astype(float).to_numpy()
+        points = sorted(zip(moved, gbps, strict=True))
+        xs = [math.log(m) for m, _ in points]
+        return float(np.interp(math.log(max(bytes_moved, 1.0)), xs, [g for _, g in points]))
 
     def matmul_tflops(self, dtype: str) -> float:
         return self._value("matmul", dtype, "tflops")

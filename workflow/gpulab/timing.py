@@ -31,6 +31,7 @@ class TimingSettings:
     min_time_s: float = 0.25
     min_reps: int = 10
     max_reps: int = 1000
+    max_wall_s: float = 3.0
     warmup_reps: int = 3
     flush_cache: bool = True
 
@@ -129,6 +130,7 @@ def measure(
     samples: list[float] = []
     total_ms = 0.0
     batch = settings.min_reps
+    loop_start = time.perf_counter()
     while True:
         if gpu:
             events = [
@@ -150,12 +152,19 @@ def measure(
                 new.append((time.perf_counter() - t0) * 1e3)
         samples.extend(new)
         total_ms += sum(new)
-        if len(samples) >= settings.max_reps or (
-            total_ms >= settings.min_time_s * 1e3 and len(samples) >= settings.min_reps
-        ):
+        wall_s = time.perf_counter() - loop_start
+        enough_reps = len(samples) >= settings.min_reps
+        if len(samples) >= settings.max_reps or (enough_reps and total_ms >= settings.min_time_s * 1e3):
+            break
+        # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
+        # cap the wall time rather than spend minutes flushing for a microsecond kernel.
+        if enough_reps and wall_s >= settings.max_wall_s:
             break
         per_rep = max(total_ms / len(samples), 1e-4)
         wanted = math.ceil((settings.min_time_s * 1e3 - total_ms) / per_rep)
+        wall_per_rep = wall_s / len(samples)
+        affordable = max(1, math.floor((settings.max_wall_s - wall_s) / wall_per_rep)) if wall_per_rep > 0 else wanted
+        wanted = min(wanted, affordable)
         batch = max(1, min(settings.max_reps - len(samples), max(wanted, settings.min_reps - len(samples))))
 
     stats = summarize(samples)

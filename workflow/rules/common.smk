@@ -1,5 +1,6 @@
 import sys
 
+from gpulab.cluster import device_job_resources
 from gpulab.config import config_hash, run_targets
 from gpulab.jobenv import prepare
 
@@ -39,3 +40,16 @@ def log_of(name):
 
 def env_json(wildcards):
     return f"{RESULTS}/{wildcards.target}/env/env.json"
+
+
+# `resources: **gpu_resources` in each step whose jobs run on a target's device. Through
+# the Slurm profile each job asks for its target's partition, GPUs, time and memory (gpulab.cluster);
+# local runs ignore them. The scripts of these rules call gpulab.cluster.apply_target_env first.
+gpu_resources = device_job_resources(config)
+
+
+# Jobs that run on the submitting host, never on a compute node. Each rule file lists its own CPU-only
+# steps the same way: aggregation, the report, model downloads (compute nodes often have no internet).
+localrules:
+    all,
+    report_render,

@@ -11,6 +11,8 @@ rule env_capture:
         log_of("env_capture"),
     conda:
         CONDA_ENV
+    resources:
+        **gpu_resources,
     params:
         strict=config["strict"],
         timeout_s=config["env_capture"]["tool_timeout_s"],

@@ -2,7 +2,11 @@ rule report_render:
     input:
         step_outputs(),
     output:
-        config["report"]["output"],
+        report(
+            config["report"]["output"],
+            caption="../report/report.rst",
+            category="Report",
+        ),
     log:
         f"{RESULTS}/report_render.log",
     conda:

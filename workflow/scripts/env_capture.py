@@ -4,6 +4,11 @@ from gpulab.logs import to_log
 
 to_log(snakemake.log[0])
 
+from gpulab.cluster import apply_target_env  # noqa: E402
+
+# Before device detection: a target's variables (e.g. HSA_OVERRIDE_GFX_VERSION) change what it reports.
+apply_target_env(snakemake.config, snakemake.wildcards.target)
+
 from pathlib import Path  # noqa: E402
 
 from gpulab.env_capture import TOOLS, capture  # noqa: E402

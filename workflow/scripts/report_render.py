@@ -9,5 +9,7 @@ import os  # noqa: E402
 from gpulab.report.render import render_report  # noqa: E402
 
 command = os.environ.get("GPULAB_COMMAND", "snakemake --cores 1")
-path = render_report(snakemake.params.results_dir, snakemake.output[0], snakemake.params.config, command)
-print(f"report written to {path}")
+report = render_report(snakemake.params.results_dir, snakemake.output[0], snakemake.params.config, command)
+print(f"report written to {report.path} ({report.size_bytes / 2**20:.2f} MB, {len(report.sections)} sections)")
+for error in report.errors:
+    print(f"section {error['id']} could not be rendered: {error['message']}")

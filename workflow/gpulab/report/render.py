@@ -2,22 +2,32 @@
 
 A section is one module in ``gpulab.report.sections`` (``ORDER``, ``ID``, ``TITLE``, ``TEMPLATE``,
 ``build(ctx)``) plus one template in ``templates/``. ``build`` returns the template's variables, or
-None when the results hold nothing for it.
+None when the results hold nothing for it. Templates import the shared macros
+(``{% from "macros.html.j2" import figure, data_table %}``) and figures come from
+:mod:`gpulab.report.plots`, so every section looks the same.
+
+With a ``baseline`` results directory the same report is rendered for the new results, with a
+section of per-cell deltas against the baseline (``gpulab compare``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import importlib
+import logging
+import math
 import os
 import pkgutil
+import traceback
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import jinja2
 import pandas as pd
+import yaml
 from markupsafe import Markup
 
 from gpulab.env_capture import git_state
@@ -27,6 +37,12 @@ from gpulab.report.results import ResultsIndex
 from gpulab.tables import write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+SIZE_BUDGET_BYTES = 5 * 2**20
+log = logging.getLogger(__name__)
+
+
+class ReportError(RuntimeError):
+    """The report cannot be rendered as asked (missing results, a section failing in strict mode)."""
 
 
 @dataclass
@@ -35,11 +51,43 @@ class ReportContext:
     output: Path
     config: dict[str, Any]
     command: str
+    baseline: ResultsIndex | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
     def link(self, path: str | Path) -> str:
         """Relative link from the report to a file (logs, traces), so the page works when copied with results."""
         return Path(os.path.relpath(Path(path).resolve(), self.output.resolve().parent)).as_posix()
+
+    @property
+    def targets(self) -> list[str]:
+        return self.results.targets
+
+    @property
+    def multi_target(self) -> bool:
+        return len(self.results.targets) > 1
+
+    @cached_property
+    def devices(self) -> dict[str, dict[str, Any]]:
+        return {t: (self.results.env(t) or {}).get("device", {}) for t in self.results.targets}
+
+    @cached_property
+    def target_labels(self) -> dict[str, str]:
+        """Panel titles: the target and its device, e.g. ``h100 · NVIDIA H100 80GB HBM3 (cuda)``."""
+        labels = {}
+        for target, device in self.devices.items():
+            name = device.get("name")
+            backend = device.get("backend")
+            labels[target] = f"{target} · {name} ({backend})" if name and backend else target
+        return labels
+
+    @property
+    def baseline_target(self) -> str | None:
+        """The target other targets are compared against: ``report.baseline_target`` or the first one."""
+        wanted = self.config.get("report", {}).get("baseline_target")
+        targets = self.results.targets
+        if wanted in targets:
+            return wanted
+        return targets[0] if targets else None
 
 
 def discover_sections() -> list[ModuleType]:
@@ -48,41 +96,137 @@ def discover_sections() -> list[ModuleType]:
     return sorted((m for m in modules if hasattr(m, "build")), key=lambda m: m.ORDER)
 
 
-def html_table(df: pd.DataFrame, float_format: str = "{:,.3g}") -> Markup:
-    """A DataFrame as an HTML table (pandas renders it; we only style it)."""
-    if df is None or df.empty:
-        return Markup("<p class='muted'>(no rows)</p>")
-    return Markup(df.to_html(index=False, na_rep="–", classes="data", border=0, escape=True,
-                             float_format=lambda v: float_format.format(v)))
+def format_number(value: Any, fmt: str | None = None) -> str:
+    """Numbers as a reader wants them: thousands separated, three significant digits, "–" for missing."""
+    if value is None or value is pd.NA:
+        return "–"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) or (hasattr(value, "dtype") and str(getattr(value, "dtype", "")).startswith("int")):
+        return f"{int(value):,}" if fmt is None else fmt.format(value)
+    if isinstance(value, float) or hasattr(value, "__float__"):
+        number = float(value)
+        if math.isnan(number):
+            return "–"
+        if fmt is not None:
+            return fmt.format(number)
+        if number == 0:
+            return "0"
+        if abs(number) >= 1000:
+            return f"{number:,.0f}"
+        if abs(number) >= 1e-3:
+            return f"{number:.3g}"
+        return f"{number:.2e}"
+    return str(value)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        if pd.isna(value):
+            return "–"
+    except (TypeError, ValueError):
+        pass
+    return format_number(value)
 
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["table"] = html_table
-    env.filters["num"] = lambda v, fmt="{:,.3g}": "–" if v is None or v != v else fmt.format(v)
+
+    def table(df: pd.DataFrame | None, fmt: str | None = None, caption: str | None = None,
+              drop_empty: bool = True, max_height: bool = True) -> Markup:
+        """A DataFrame as a table; the markup is in ``_table.html.j2``, numbers formatted consistently."""
+        if df is not None and drop_empty and not df.empty:
+            df = df.loc[:, [c for c in df.columns if not (df[c].isna() | (df[c].astype(str) == "")).all()]]
+        rows = [] if df is None else [[_cell(v) if fmt is None or isinstance(v, str) else format_number(v, fmt)
+                                       for v in row] for row in df.itertuples(index=False, name=None)]
+        columns = [] if df is None else [str(c) for c in df.columns]
+        statuses = [columns.index("status")] if "status" in columns else []
+        verdicts = [columns.index("verdict")] if "verdict" in columns else []
+        return Markup(env.get_template("_table.html.j2").render(
+            columns=columns, rows=rows, caption=caption, status_columns=statuses, verdict_columns=verdicts,
+            scroll=max_height and len(rows) > 16))
+
+    env.filters["table"] = table
+    env.filters["num"] = lambda v, fmt=None: format_number(v, fmt)
+    env.filters["pct"] = lambda v, digits=0: "–" if v is None or v != v else f"{float(v):.{digits}f}%"
+    env.filters["yaml"] = lambda v: yaml.safe_dump(v, sort_keys=False, allow_unicode=True, default_flow_style=False)
+    env.filters["slug"] = lambda v: "".join(ch if ch.isalnum() else "-" for ch in str(v)).strip("-").lower()
+    env.tests["missing"] = lambda v: v is None or (isinstance(v, float) and math.isnan(v))
     return env
 
 
-def render_report(results_dir: str | Path, output: str | Path, config: dict[str, Any], command: str) -> Path:
+@dataclass(frozen=True)
+class RenderedReport:
+    path: Path
+    size_bytes: int
+    sections: list[dict[str, Any]]
+    errors: list[dict[str, str]]
+
+
+def render_report(
+    results_dir: str | Path,
+    output: str | Path,
+    config: dict[str, Any],
+    command: str,
+    *,
+    baseline_dir: str | Path | None = None,
+    title: str | None = None,
+    strict: bool | None = None,
+) -> RenderedReport:
+    """Build every section from the results and write one self-contained HTML file atomically.
+
+    A section whose ``build`` raises is shown as an error box (with the message) and named at the top of
+    the page, so one broken step never hides the others; with ``strict`` it fails the render instead
+    and nothing is written.
+    """
     apply_style()
-    output = Path(output)
-    ctx = ReportContext(ResultsIndex(Path(results_dir)), output, config, command)
+    results_dir, output = Path(results_dir), Path(output)
+    strict = bool(config.get("strict", False)) if strict is None else strict
+    results = ResultsIndex(results_dir)
+    if not results.targets:
+        raise ReportError(f"{results_dir}: no results found (expected {results_dir}/<target>/...)")
+    baseline = None
+    if baseline_dir is not None:
+        baseline = ResultsIndex(Path(baseline_dir))
+        if not baseline.targets:
+            raise ReportError(f"{baseline_dir}: no baseline results found (expected {baseline_dir}/<target>/...)")
+    ctx = ReportContext(results, output, config, command, baseline=baseline)
     env = environment()
-    rendered = []
+    rendered: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
     for module in discover_sections():
-        data = module.build(ctx)
-        if data is None:
-            continue
-        body = env.get_template(module.TEMPLATE).render(ctx=ctx, **data)
+        try:
+            data = module.build(ctx)
+            if data is None:
+                continue
+            body = env.get_template(module.TEMPLATE).render(ctx=ctx, **data)
+        except Exception as exc:
+            log.error("section %s failed:\n%s", module.ID, traceback.format_exc())
+            if strict:
+                raise ReportError(f"report section {module.ID!r} failed: {exc}") from exc
+            message = f"{type(exc).__name__}: {exc}"
+            errors.append({"id": module.ID, "title": module.TITLE, "message": message})
+            body = env.get_template("_section_error.html.j2").render(message=message)
         rendered.append({"id": module.ID, "title": module.TITLE, "body": Markup(body)})
+    report_config = config.get("report", {})
     page = env.get_template("base.html.j2").render(
-        title=config.get("report", {}).get("title", "gpulab report"),
+        title=title or report_config.get("title", "gpulab report"),
         sections=rendered,
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
         git=git_state(),
-        targets=ctx.results.targets,
+        targets=results.targets,
+        labels=ctx.target_labels,
+        errors=errors,
+        problems=[*results.problems, *(baseline.problems if baseline else [])],
+        baseline=str(baseline_dir) if baseline_dir is not None else None,
+        results_dir=str(results_dir),
     )
     write_atomic(output, page)
-    return output
+    size = output.stat().st_size
+    if size > SIZE_BUDGET_BYTES:
+        log.warning("report is %.1f MB, over its %.0f MB budget", size / 2**20, SIZE_BUDGET_BYTES / 2**20)
+    return RenderedReport(output, size, [{"id": s["id"], "title": s["title"]} for s in rendered], errors)

@@ -1,14 +1,36 @@
-"""Read what every target left under ``results/``: the report's only input."""
+"""Read what every target left under ``results/``: the report's only input.
+
+Results may be copied in from other machines, half-finished, or from an older version of the
+workflow, so every read is defensive: an unreadable file becomes a recorded problem that the summary
+shows, never an exception that loses the whole page.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from gpulab.tables import IDENTIFYING_COLUMNS
+from gpulab.timing import TIMING_COLUMNS
+
+# Columns that describe a row rather than identify or measure it.
+METADATA_COLUMNS = ("target", "fingerprint", "status", "reason")
+# The project's identifying columns, plus the ones some artifacts use to name a row's kind (ceilings:
+# copy | matmul; LLM: the llama-bench test pp512 | tg128 | ...), in the order a reader scans a cell.
+KEY_COLUMNS = tuple(dict.fromkeys((*IDENTIFYING_COLUMNS, "kind", "test")))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A results file the report could not use, and why."""
+
+    path: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -16,46 +38,154 @@ class ResultsIndex:
     """All targets found under a results directory, including ones copied in from other machines."""
 
     root: Path
+    problems: list[Problem] = field(default_factory=list, compare=False, hash=False)
 
     @property
     def targets(self) -> list[str]:
+        """Directories holding a target's results: an environment capture or some step's table."""
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                      and ((p / "env" / "env.json").is_file() or next(p.glob("*/*.csv"), None) is not None))
 
     def path(self, target: str, relpath: str) -> Path:
         return self.root / target / relpath
+
+    def _problem(self, path: Path, message: str) -> None:
+        problem = Problem(self._display(path), message)
+        if problem not in self.problems:
+            self.problems.append(problem)
+
+    def _display(self, path: Path) -> str:
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
 
     def env(self, target: str) -> dict[str, Any] | None:
         path = self.path(target, "env/env.json")
         if not path.exists():
             return None
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                env = json.load(fh)
+        except (OSError, json.JSONDecodeError) as exc:
+            self._problem(path, f"unreadable environment capture: {exc}")
+            return None
+        if not isinstance(env, dict):
+            self._problem(path, "environment capture is not a JSON object")
+            return None
+        return env
+
+    def read_csv(self, path: Path, target: str | None = None) -> pd.DataFrame:
+        """One CSV, or an empty frame (with the problem recorded) when it cannot be parsed.
+
+        Rows are labelled with the directory they were found in: a target copied in under another
+        name (``results/h100-run2``) is that name in every table and figure.
+        """
+        try:
+            frame = pd.read_csv(path)
+        except pd.errors.EmptyDataError:
+            return pd.DataFrame()
+        except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+            self._problem(path, f"unreadable table: {exc}".splitlines()[0])
+            return pd.DataFrame()
+        if target is not None and not frame.empty:
+            frame["target"] = target
+        if "reason" in frame.columns:  # all-empty reasons read as a float column of NaN
+            frame["reason"] = ["" if pd.isna(v) else str(v) for v in frame["reason"]]
+        elif "status" in frame.columns:
+            frame["reason"] = ""
+        return frame
 
     def table(self, relpath: str) -> pd.DataFrame:
         """One artifact (e.g. ``bench/gelu.csv``) of every target that has it, concatenated."""
-        frames = [pd.read_csv(p) for t in self.targets if (p := self.path(t, relpath)).exists()]
-        frames = [f for f in frames if not f.empty]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        frames = [self.read_csv(p, t) for t in self.targets if (p := self.path(t, relpath)).is_file()]
+        return _concat(frames)
 
     def tables(self, pattern: str) -> pd.DataFrame:
-        """Every file matching a glob under each target (e.g. ``llm/*.csv``), concatenated."""
+        """Every file matching a glob under each target (e.g. ``llm/*.csv``), concatenated.
+
+        ``source`` names the file each row came from (relative to its target directory).
+        """
         frames = []
         for target in self.targets:
-            for path in sorted((self.root / target).glob(pattern)):
-                frame = pd.read_csv(path)
+            base = self.root / target
+            for path in sorted(base.glob(pattern)):
+                frame = self.read_csv(path, target)
                 if not frame.empty:
-                    frames.append(frame)
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+                    frames.append(frame.assign(source=path.relative_to(base).as_posix()))
+        return _concat(frames)
 
-    def outcome_files(self, target: str) -> Iterator[tuple[str, pd.DataFrame]]:
-        """Every CSV of a target that records outcomes (has a status column), by step/file."""
+    def artifacts(self, target: str) -> Iterator[tuple[str, pd.DataFrame]]:
+        """Every final table of a target that records outcomes (has a status column), by relative path.
+
+        Final artifacts are ``<step>/<name>.csv``; files deeper down (``bench/cells/...``) are a step's
+        intermediates, already contained in its final tables.
+        """
         base = self.root / target
-        for path in sorted(base.rglob("*.csv")):
-            try:
-                frame = pd.read_csv(path)
-            except (pd.errors.EmptyDataError, pd.errors.ParserError):
-                continue
+        for path in sorted(base.glob("*/*.csv")):
+            if path.name.startswith("."):
+                continue  # temporary file of an atomic write in progress
+            frame = self.read_csv(path, target)
             if "status" in frame.columns:
-                yield str(path.relative_to(base)), frame
+                yield path.relative_to(base).as_posix(), frame
+
+    # Kept for sections written against the first version of the index.
+    outcome_files = artifacts
+
+    def artifact_names(self) -> list[str]:
+        """Relative paths of outcome tables present for any target, in a stable order."""
+        names = {name for t in self.targets for name, _ in self.artifacts(t)}
+        return sorted(names)
+
+    def logs(self, target: str) -> list[Path]:
+        log_dir = self.path(target, "logs")
+        return sorted(log_dir.rglob("*.log")) if log_dir.is_dir() else []
+
+    def logs_for(self, target: str, artifact: str, hints: tuple[str, ...] = ()) -> list[Path]:
+        """Log files of the step that wrote ``artifact`` (``bench/gelu.csv`` -> ``logs/bench*gelu*.log``).
+
+        Logs are named by rule and wildcards, so a log belongs to an artifact when its name contains
+        the artifact's step and stem; ``hints`` (e.g. the implementation of the failing rows) narrow
+        it down when several jobs wrote one artifact.
+        """
+        parts = [p for p in Path(artifact).with_suffix("").parts if p]
+        step, stem = parts[0], parts[-1]
+
+        def score(log: Path) -> int:
+            name = log.stem
+            own = (2 if stem != step and stem in name else 0) + (1 if step in name else 0)
+            return own + sum(1 for h in set(hints) if h and h in name) if own else 0
+
+        scores = {log: score(log) for log in self.logs(target)}
+        best = max(scores.values(), default=0)
+        # Only the logs naming the most of step, artifact and hints: the job of that op *and* implementation.
+        return [log for log, value in scores.items() if value == best] if best else []
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def key_columns(df: pd.DataFrame) -> list[str]:
+    """Columns that identify a cell (op, impl, dtype, size...), in the project's order, then target.
+
+    When those do not make rows unique (an artifact with its own kind of key, e.g. a kernel name),
+    the remaining text columns that are not metadata or timing are added.
+    """
+    keys = [c for c in KEY_COLUMNS if c in df.columns]
+    if "target" in df.columns:
+        keys.append("target")
+    if not keys or df.duplicated(subset=keys).any():
+        skip = set(keys) | set(METADATA_COLUMNS) | set(TIMING_COLUMNS) | {"source"}
+        extra = [c for c in df.columns if c not in skip and not pd.api.types.is_numeric_dtype(df[c])
+                 and not pd.api.types.is_bool_dtype(df[c])]
+        keys += extra
+    return keys
+
+
+def is_measured(df: pd.DataFrame) -> bool:
+    """Rows carry the timing columns of :func:`gpulab.timing.measure`."""
+    return {"median_ms", "p10_ms", "p90_ms"}.issubset(df.columns)

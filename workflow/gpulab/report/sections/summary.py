@@ -1,52 +1,268 @@
-"""Summary: per target, the device and what ran, was skipped, failed or was incorrect, and why."""
+"""Summary: per target, the device, what ran, what did not and why, and the headline figures.
+
+Headline figures are read defensively from whatever the steps left: a step that has not run (or ran
+with another schema) shows as "not measured", never as an error.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from gpulab.report.results import ResultsIndex
+from gpulab.tables import IDENTIFYING_COLUMNS, STATUSES
 
 ORDER = 10
 ID = "summary"
 TITLE = "Summary"
 TEMPLATE = "summary.html.j2"
 
+# The LLM step's achieved-bandwidth percentage is its roofline percentage (weight bytes x tok/s vs copy).
+ROOFLINE_PCT = ("pct_of_copy_bw",)
+
+
+@dataclass(frozen=True)
+class Headline:
+    key: str
+    label: str
+    unit: str
+    value: float = math.nan
+    detail: str = ""
+    pct: float = math.nan
+    pct_of: str = ""
+    higher_is_better: bool = True
+
+    @property
+    def measured(self) -> bool:
+        return not math.isnan(self.value)
+
+    def shown(self, largest: float, value: float | None = None) -> tuple[float, str]:
+        """Value and unit as displayed: a CPU's 0.0062 TFLOP/s reads better as 6.2 GFLOP/s, unless
+        another target's figure (``largest`` of all) needs TFLOP/s: cards side by side share units."""
+        value = self.value if value is None else value
+        if self.unit == "TFLOP/s" and largest < 0.1:
+            return value * 1e3, "GFLOP/s"
+        return value, self.unit
+
+
+def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if df.empty or "status" not in df.columns:
+        return df.iloc[0:0] if "status" not in df.columns else df
+    return df[df["status"] == "ok"]
+
+
+def _best(df: pd.DataFrame, column: str) -> pd.Series | None:
+    values = pd.to_numeric(df[column], errors="coerce")
+    if values.notna().sum() == 0:
+        return None
+    return df.loc[values.idxmax()]
+
+
+def _describe(row: pd.Series, columns: tuple[str, ...]) -> str:
+    parts = []
+    for c in columns:
+        if c in row.index and pd.notna(row[c]) and str(row[c]) != "":
+            value = row[c]
+            if c == "size" and isinstance(value, (int, float)):
+                value = f"{int(value):,}"
+            parts.append(str(value))
+    return " · ".join(parts)
+
+
+def _pct(row: pd.Series, names: tuple[str, ...]) -> float:
+    for name in names:
+        if name in row.index:
+            value = pd.to_numeric(pd.Series([row[name]]), errors="coerce").iloc[0]
+            if pd.notna(value):
+                return float(value)
+    return math.nan
+
+
+def gelu_headline(results: ResultsIndex, target: str) -> Headline:
+    base = Headline("gelu_gbps", "Best GeLU bandwidth", "GB/s", pct_of="measured copy bandwidth")
+    path = results.path(target, "bench/gelu.csv")
+    if not path.is_file():
+        return base
+    ok = _ok_rows(results.read_csv(path, target))
+    if ok.empty or "gbps" not in ok.columns:
+        return base
+    row = _best(ok, "gbps")
+    if row is None:
+        return base
+    return Headline(base.key, base.label, base.unit, float(row["gbps"]), _describe(row, ("impl", "dtype", "size")),
+                    _pct(row, ("pct_of_copy_bw",)), base.pct_of)
+
+
+def llm_headline(results: ResultsIndex, target: str) -> Headline:
+    """Decode tokens/s (llama-bench's tg test) of the biggest model measured, fastest engine."""
+    base = Headline("llm_decode", "LLM decode", "tok/s", pct_of="copy-bandwidth roofline")
+    frames = [results.read_csv(p, target) for p in sorted(results.path(target, "llm").glob("*.csv"))]
+    df = _ok_rows(pd.concat([f for f in frames if not f.empty], ignore_index=True)) if frames else pd.DataFrame()
+    if df.empty or not {"test", "tok_s"}.issubset(df.columns):
+        return base
+    df = df[df["test"].astype(str).str.match(r"tg\d+$")]
+    if "model_source" in df.columns and not df.empty:
+        # The study's model (real weights, else its architecture with random ones) before the tiny CI model.
+        rank = df["model_source"].map({"real": 0, "random": 1, "tiny": 2}).fillna(3)
+        df = df[rank == rank.min()]
+    row = _best(df, "tok_s") if not df.empty else None
+    if row is None:
+        return base
+    return Headline(base.key, base.label, base.unit, float(row["tok_s"]),
+                    _describe(row, ("model", "engine", "test", "dtype")), _pct(row, ROOFLINE_PCT), base.pct_of)
+
+
+def mlp_headline(results: ResultsIndex, target: str) -> Headline:
+    """Matmul TFLOP/s of the MLP's forward+backward step, best variant, against the matmul ceiling."""
+    base = Headline("mlp_tflops", "MLP fwd+bwd step", "TFLOP/s", pct_of="measured matmul rate")
+    path = results.path(target, "mlp/summary.csv")
+    df = _ok_rows(results.read_csv(path, target)) if path.is_file() else pd.DataFrame()
+    if df.empty or "tflops" not in df.columns:
+        return base
+    row = _best(df, "tflops")
+    if row is None:
+        return base
+    return Headline(base.key, base.label, base.unit, float(row["tflops"]), _describe(row, ("variant",)),
+                    _pct(row, ("pct_of_ceiling",)), base.pct_of)
+
+
+def ceiling_headlines(results: ResultsIndex, target: str) -> list[Headline]:
+    copy = Headline("copy_gbps", "Copy bandwidth (ceiling)", "GB/s")
+    matmul = Headline("matmul_tflops", "Matmul rate (ceiling)", "TFLOP/s")
+    path = results.path(target, "bench/ceilings.csv")
+    if not path.is_file():
+        return [copy, matmul]
+    ok = _ok_rows(results.read_csv(path, target))
+    out = []
+    for headline, kind, column in ((copy, "copy", "gbps"), (matmul, "matmul", "tflops")):
+        rows = ok[ok["kind"] == kind] if "kind" in ok.columns and column in ok.columns else ok.iloc[0:0]
+        row = _best(rows, column) if not rows.empty else None
+        if row is None:
+            out.append(headline)
+        else:
+            out.append(Headline(headline.key, headline.label, headline.unit, float(row[column]),
+                                _describe(row, ("dtype",))))
+    return out
+
+
+HEADLINES: tuple[Callable[[ResultsIndex, str], Headline | list[Headline]], ...] = (
+    gelu_headline, llm_headline, mlp_headline, ceiling_headlines,
+)
+
+
+def headlines(results: ResultsIndex, target: str) -> list[Headline]:
+    out: list[Headline] = []
+    for fn in HEADLINES:
+        found = fn(results, target)
+        out.extend(found if isinstance(found, list) else [found])
+    return out
+
+
+def _plain(value: Any) -> str:
+    """A cell value as written in the config: 1024, not 1024.0 (a column with gaps reads as float)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _cells(group: pd.DataFrame) -> str:
+    """Which cells a group of rows covers, e.g. ``impl: triton, cpp_ext · dtype: fp16, bf16``."""
+    parts = []
+    for column in IDENTIFYING_COLUMNS:
+        if column not in group.columns:
+            continue
+        values = [_plain(v) for v in dict.fromkeys(group[column].dropna()) if str(v) != ""]
+        if not values:
+            continue
+        shown = ", ".join(values[:4]) + (f" +{len(values) - 4} more" if len(values) > 4 else "")
+        parts.append(f"{column}: {shown}")
+    return " · ".join(parts)
+
+
+def outcomes(ctx: Any, target: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """Per artifact the count of each status, and the rows that are not ok grouped by reason."""
+    counts: list[dict[str, Any]] = []
+    problems: list[dict[str, Any]] = []
+    for relpath, frame in ctx.results.artifacts(target):
+        step = relpath.rsplit(".", 1)[0]
+        status = frame["status"].astype(str)
+        counts.append({"artifact": step, **{s: int((status == s).sum()) for s in STATUSES}})
+        bad = frame[status != "ok"]
+        for (state, why), group in bad.groupby([bad["status"].astype(str), bad["reason"].astype(str)], sort=False):
+            hints = tuple(_plain(v) for c in ("impl", "variant", "engine", "model", "op", "tool") if c in group
+                          for v in group[c].dropna().unique())
+            logs = ctx.results.logs_for(target, relpath, hints)
+            problems.append({
+                "artifact": step, "status": state, "rows": len(group), "cells": _cells(group),
+                "reason": why or "(no reason recorded)",
+                "logs": [{"name": p.name, "href": ctx.link(p)} for p in logs[:3]],
+                "more_logs": max(0, len(logs) - 3),
+            })
+    severity = {s: i for i, s in enumerate(("incorrect", "failed", "oom", "skipped"))}
+    problems.sort(key=lambda p: (severity.get(p["status"], 9), p["artifact"]))
+    return pd.DataFrame(counts, columns=["artifact", *STATUSES]), problems
+
+
+def _delta(current: Headline, before: Headline | None, largest: float) -> dict[str, Any] | None:
+    if before is None or not (current.measured and before.measured) or before.value == 0:
+        return None
+    change = 100.0 * (current.value / before.value - 1.0)
+    better = change > 0 if current.higher_is_better else change < 0
+    return {"pct": change, "better": better, "before": current.shown(largest, before.value)[0]}
+
 
 def build(ctx: Any) -> dict[str, Any] | None:
+    figures = {t: headlines(ctx.results, t) for t in ctx.results.targets}
+    largest: dict[str, float] = {}
+    for h in (h for hs in figures.values() for h in hs if h.measured):
+        largest[h.key] = max(largest.get(h.key, h.value), h.value)
     targets = []
+    table_rows: dict[str, dict[str, Any]] = {}
     for target in ctx.results.targets:
         env = ctx.results.env(target) or {}
         device = env.get("device", {})
-        counts: list[dict[str, Any]] = []
-        problems: list[dict[str, Any]] = []
-        for relpath, frame in ctx.results.outcome_files(target):
-            step = relpath.rsplit(".", 1)[0]
-            row = {
-                "artifact": step,
-                **{s: int((frame["status"] == s).sum()) for s in ("ok", "skipped", "failed", "incorrect", "oom")},
-            }
-            counts.append(row)
-            log_dir = ctx.results.path(target, "logs")
-            for reason, group in frame[frame["status"] != "ok"].groupby(["status", "reason"], dropna=False):
-                status, why = reason
-                problems.append(
-                    {
-                        "artifact": step,
-                        "status": status,
-                        "rows": len(group),
-                        "reason": why if isinstance(why, str) and why else "(no reason recorded)",
-                        "logs": ctx.link(log_dir) if log_dir.exists() else None,
-                    }
-                )
-        targets.append(
-            {
-                "name": target,
-                "device": device.get("name", "unknown"),
-                "backend": device.get("backend", "unknown"),
-                "reason": device.get("reason", ""),
-                "fingerprint": env.get("fingerprint", "–"),
-                "counts": pd.DataFrame(counts),
-                "problems": problems,
-            }
-        )
-    return {"targets": targets}
+        counts, problems = outcomes(ctx, target)
+        before = {}
+        if ctx.baseline is not None and target in ctx.baseline.targets:
+            before = {h.key: h for h in headlines(ctx.baseline, target)}
+        totals = {s: int(counts[s].sum()) if not counts.empty else 0 for s in STATUSES}
+        tiles = []
+        for h in figures[target]:
+            value, unit = h.shown(largest.get(h.key, math.nan))
+            tiles.append({"h": h, "value": value, "unit": unit,
+                          "delta": _delta(h, before.get(h.key), largest.get(h.key, math.nan))})
+        targets.append({
+            "name": target,
+            "device": device.get("name", "unknown device"),
+            "backend": device.get("backend", "unknown"),
+            "arch": device.get("arch"),
+            "memory_gib": (device.get("total_memory_bytes") or 0) / 2**30,
+            "gpu": bool(device.get("gpu_available")),
+            "reason": device.get("reason", ""),
+            "torch": device.get("torch_version") or env.get("packages", {}).get("torch"),
+            "fingerprint": env.get("fingerprint", "–"),
+            "has_env": bool(env),
+            "counts": counts,
+            "totals": totals,
+            "problems": problems,
+            "headlines": tiles,
+            "log_dir": ctx.link(log_dir) if (log_dir := ctx.results.path(target, "logs")).is_dir() else None,
+        })
+        for h in figures[target]:
+            row = table_rows.setdefault(h.key, {"figure": f"{h.label} ({h.unit})"})
+            row[target] = h.value
+    comparison = None
+    if ctx.multi_target:
+        baseline = ctx.baseline_target
+        frame = pd.DataFrame(list(table_rows.values()))
+        others = [t for t in ctx.results.targets if t != baseline]
+        for t in others:
+            if t in frame.columns and baseline in frame.columns:
+                frame[f"{t} vs {baseline} (×)"] = frame[t] / frame[baseline]
+        measured = [t for t in ctx.results.targets if t in frame.columns and frame[t].notna().any()]
+        comparison = {"frame": frame, "baseline": baseline} if len(measured) > 1 else None
+    return {"targets": targets, "comparison": comparison}

@@ -1,0 +1,53 @@
+"""Vector add in Triton, as in the Triton tutorials (autotuned block, 64-bit offsets only when needed)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import ELEMENTWISE_DEFAULT, elementwise_configs, interpreted, needs_64bit_offsets, quick_bench
+
+
+@triton.autotune(configs=elementwise_configs(), key=["n_elements"], do_bench=quick_bench)
+@triton.jit
+def add_kernel(x_ptr, y_ptr, output_ptr, n_elements, OFFSETS_64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(output_ptr + offsets, x + y, mask=mask)
+
+
+def add(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    block_size: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """x + y for contiguous GPU tensors of one shape and dtype; ``out`` is written when given."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise ValueError(f"add: shapes/dtypes differ ({tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype})")
+    if not (x.is_contiguous() and y.is_contiguous()):
+        raise ValueError("add: inputs must be contiguous")
+    output = torch.empty_like(x) if out is None else out
+    if output.shape != x.shape or output.dtype != x.dtype or not output.is_contiguous():
+        raise ValueError(f"add: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    n_elements = output.numel()
+    if n_elements == 0:
+        return output
+    wide = needs_64bit_offsets(n_elements)
+    if block_size or num_warps or interpreted():
+        block = block_size or ELEMENTWISE_DEFAULT[0]
+        add_kernel.fn[(triton.cdiv(n_elements, block),)](
+            x, y, output, n_elements, OFFSETS_64=wide, BLOCK_SIZE=block,
+            num_warps=num_warps or ELEMENTWISE_DEFAULT[1])
+    else:
+        grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)  # noqa: E731 - the tutorials' idiom
+        add_kernel[grid](x, y, output, n_elements, OFFSETS_64=wide)
+    return output

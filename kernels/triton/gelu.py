@@ -1,0 +1,52 @@
+"""GeLU (tanh approximation) in Triton, in the style of the Triton tutorials."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import ELEMENTWISE_DEFAULT, elementwise_configs, interpreted, needs_64bit_offsets, quick_bench
+
+
+@triton.autotune(configs=elementwise_configs(), key=["n_elements"], do_bench=quick_bench)
+@triton.jit
+def gelu_kernel(x_ptr, y_ptr, n_elements, OFFSETS_64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(axis=0)
+    if OFFSETS_64:
+        pid = pid.to(tl.int64)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    inner = 0.79788456 * (x + 0.044715 * x * x * x)
+    # 0.5 * (1 + tanh(a)) == 1 / (1 + exp(-2a)): one exp, and it saturates cleanly for large |a|
+    # where the tutorial's (exp(2a) - 1) / (exp(2a) + 1) becomes inf / inf = NaN.
+    y = x / (1.0 + tl.exp(-2.0 * inner))
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def gelu(
+    x: torch.Tensor, out: torch.Tensor | None = None, *, block_size: int | None = None, num_warps: int | None = None
+) -> torch.Tensor:
+    """GeLU of a contiguous GPU tensor; ``out`` (same shape and dtype) is written when given.
+
+    The block size is autotuned per size and dtype on the first call unless ``block_size`` /
+    ``num_warps`` pin it.
+    """
+    if not x.is_contiguous():
+        raise ValueError("gelu: x must be contiguous")
+    y = torch.empty_like(x) if out is None else out
+    if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
+        raise ValueError(f"gelu: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    n_elements = x.numel()
+    if n_elements == 0:
+        return y
+    wide = needs_64bit_offsets(n_elements)
+    if block_size or num_warps or interpreted():
+        block = block_size or ELEMENTWISE_DEFAULT[0]
+        gelu_kernel.fn[(triton.cdiv(n_elements, block),)](
+            x, y, n_elements, OFFSETS_64=wide, BLOCK_SIZE=block, num_warps=num_warps or ELEMENTWISE_DEFAULT[1])
+    else:
+        grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)  # noqa: E731 - the tutorials' idiom
+        gelu_kernel[grid](x, y, n_elements, OFFSETS_64=wide)
+    return y

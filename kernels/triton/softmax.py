@@ -1,0 +1,96 @@
+"""Row softmax of a 2-D tensor in Triton, in the style of the Triton tutorials.
+
+Two kernels: ``softmax_kernel`` keeps whole rows in registers (several short rows per program, so a
+65536x256 input still gives each program a few thousand elements) and touches memory once per element
+each way; ``softmax_looped_kernel`` handles rows wider than one block with an online max/sum pass
+followed by a normalising pass, walked backwards so the row's tail is still in the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .config import current_target, softmax_config
+
+
+@triton.jit
+def softmax_kernel(
+    x_ptr, y_ptr, n_rows, n_cols, x_row_stride, y_row_stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    pid = tl.program_id(axis=0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    rows = rows.to(tl.int64)
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=-float("inf"),
+                eviction_policy="evict_first").to(tl.float32)
+    row_max = tl.max(x, axis=1)
+    numerator = tl.exp(x - row_max[:, None])
+    inv_denominator = 1.0 / tl.sum(numerator, axis=1)
+    y = numerator * inv_denominator[:, None]
+    tl.store(y_ptr + rows[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOCK_N: tl.constexpr):
+    row = tl.program_id(axis=0).to(tl.int64)
+    x_row_ptr = x_ptr + row * x_row_stride
+    y_row_ptr = y_ptr + row * y_row_stride
+    # Online softmax kept per lane: a running max and a sum rescaled whenever the max grows, so one
+    # pass gives both reductions and no per-iteration cross-lane reduction is needed.
+    lane_max = tl.full([BLOCK_N], -float("inf"), tl.float32)
+    lane_sum = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row_ptr + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        new_max = tl.maximum(lane_max, x)
+        # A lane that has only seen -inf keeps a zero sum instead of exp(-inf - -inf) = NaN.
+        seen = new_max != -float("inf")
+        lane_sum = tl.where(seen, lane_sum * tl.exp(lane_max - new_max) + tl.exp(x - new_max), 0.0)
+        lane_max = new_max
+    row_max = tl.max(lane_max, axis=0)
+    scaled = tl.where(lane_max != -float("inf"), lane_sum * tl.exp(lane_max - row_max), 0.0)
+    inv_denominator = 1.0 / tl.sum(scaled, axis=0)
+    n_blocks = tl.cdiv(n_cols, BLOCK_N)
+    for i in range(0, n_blocks):
+        cols = (n_blocks - 1 - i) * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = cols < n_cols
+        x = tl.load(x_row_ptr + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+        y = tl.exp(x.to(tl.float32) - row_max) * inv_denominator
+        tl.store(y_row_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def softmax(
+    x: torch.Tensor,
+    out: torch.Tensor | None = None,
+    *,
+    rows_per_program: int | None = None,
+    num_warps: int | None = None,
+    looped_block: int | None = None,
+) -> torch.Tensor:
+    """Softmax over the last dimension of a 2-D GPU tensor (row stride may exceed the width)."""
+    if x.ndim != 2 or x.stride(1) != 1:
+        raise ValueError(f"softmax: x must be 2-D with unit column stride, got shape {tuple(x.shape)}")
+    n_rows, n_cols = x.shape
+    y = torch.empty_like(x) if out is None else out
+    if y.shape != x.shape or y.dtype != x.dtype or y.stride(1) != 1:
+        raise ValueError(f"softmax: out must be a {x.dtype} tensor of shape {tuple(x.shape)}")
+    if n_rows == 0 or n_cols == 0:
+        return y
+    target = current_target()
+    config = softmax_config(target)
+    block_n = triton.next_power_of_2(n_cols)
+    if block_n <= config.max_fused_cols and looped_block is None:
+        block_m = rows_per_program or max(1, config.program_elems // block_n)
+        block_m = min(triton.next_power_of_2(block_m), triton.next_power_of_2(n_rows))
+        warps = num_warps or config.num_warps(block_m * block_n, target.warp_size)
+        grid = (triton.cdiv(n_rows, block_m),)
+        softmax_kernel[grid](x, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
+                             num_warps=warps)
+    else:
+        block = looped_block or config.looped_block(x.element_size())
+        warps = num_warps or config.num_warps(block, target.warp_size)
+        softmax_looped_kernel[(n_rows,)](x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=block, num_warps=warps)
+    return y

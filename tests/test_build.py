@@ -1,0 +1,427 @@
+"""Build steps: the standalone HIP program, the PyTorch extension, the timing-pitfalls experiment.
+
+Compilers are real: hipcc (Debian's, for gfx90a) and nvcc compile the standalone source, the host
+compiler builds the CPU extension. A test that needs a compiler which is absent is skipped with the
+reason; CI installs hipcc and has nvcc and g++.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from gpulab import extension as ext
+from gpulab.device import DeviceInfo
+from gpulab.hip_standalone import (
+    HIP_STANDALONE,
+    SOURCE,
+    compile_command,
+    parse_output,
+    plan_standalone,
+    run_standalone,
+)
+from gpulab.tables import SchemaError
+from gpulab.timing import TimingSettings
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "build"
+HIPCC = shutil.which("hipcc")
+NVCC = shutil.which("nvcc") or (shutil.which("nvcc", path="/usr/local/cuda/bin"))
+FAST = TimingSettings(min_time_s=0.01, min_reps=3, max_reps=5, warmup_reps=1, flush_cache=False)
+
+
+def device(backend: str, gpu: bool, arch: str | None = None, hip: str | None = None,
+           cuda: str | None = None) -> DeviceInfo:
+    return DeviceInfo(backend=backend if gpu else "cpu", torch_version="test", hip_version=hip, cuda_version=cuda,
+                      gpu_available=gpu, reason="" if gpu else "no GPU in this test", arch=arch)
+
+
+ROCM_GPU = device("rocm", True, "gfx90a", hip="7.1")
+CUDA_GPU = device("cuda", True, "sm_90", cuda="13.0")
+CPU_TORCH = device("cpu", False)
+ROCM_TORCH_NO_GPU = device("rocm", False, hip="7.1")
+
+
+@pytest.fixture
+def fake_toolchain(tmp_path: Path) -> Path:
+    """A PATH directory holding stand-ins named hipcc and nvcc: planning only looks them up."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("hipcc", "nvcc"):
+        exe = bin_dir / name
+        exe.write_text("#!/bin/sh\necho 'HIP version: 0.0-test'\necho 'Cuda compilation tools, release 0.0'\n")
+        exe.chmod(0o755)
+    return bin_dir
+
+
+# --------------------------------------------------------------------------- architecture selection
+
+
+def test_standalone_uses_hipcc_for_the_detected_amd_arch(fake_toolchain: Path) -> None:
+    plan, why = plan_standalone(ROCM_GPU, [], {"PATH": str(fake_toolchain)}, toolkit_dirs=False)
+    assert plan is not None, why
+    assert (plan.compiler, plan.arch, plan.runs_here) == ("hipcc", "gfx90a", True)
+    cmd = compile_command(plan, Path("/tmp/x"), ["-O3"])
+    assert "--offload-arch=gfx90a" in cmd and cmd[-1] == str(SOURCE)
+
+
+@pytest.mark.parametrize(("override", "arch"), [("11.0.0", "gfx1100"), ("9.0.10", "gfx90a"), ("10.3.0", "gfx1030")])
+def test_standalone_honours_hsa_override(fake_toolchain: Path, override: str, arch: str) -> None:
+    env = {"PATH": str(fake_toolchain), "HSA_OVERRIDE_GFX_VERSION": override}
+    plan, _ = plan_standalone(ROCM_TORCH_NO_GPU, [], env, toolkit_dirs=False)
+    assert plan is not None and plan.arch == arch and not plan.runs_here
+    assert plan.no_gpu_reason.startswith("no AMD GPU")
+
+
+def test_standalone_pins_only_the_matching_kind(fake_toolchain: Path) -> None:
+    env = {"PATH": str(fake_toolchain)}
+    amd, _ = plan_standalone(ROCM_GPU, ["sm_80", "gfx942"], env, toolkit_dirs=False)
+    nvidia, _ = plan_standalone(CUDA_GPU, ["gfx942", "sm_80"], env, toolkit_dirs=False)
+    assert amd is not None and amd.arch == "gfx942"
+    assert nvidia is not None and (nvidia.compiler, nvidia.arch) == ("nvcc", "sm_80")
+
+
+def test_standalone_uses_nvcc_with_the_portability_header_on_cuda(fake_toolchain: Path) -> None:
+    plan, _ = plan_standalone(CUDA_GPU, [], {"PATH": str(fake_toolchain)}, toolkit_dirs=False)
+    assert plan is not None and (plan.compiler, plan.arch, plan.runs_here) == ("nvcc", "sm_90", True)
+    cmd = compile_command(plan, Path("/tmp/x"), ["-O3"])
+    assert cmd[1:3] == ["-x", "cu"] and "-arch=sm_90" in cmd and f"-I{SOURCE.parent}" in cmd
+
+
+def test_cpu_machine_prefers_hipcc_then_nvcc(fake_toolchain: Path, tmp_path: Path) -> None:
+    both, _ = plan_standalone(CPU_TORCH, [], {"PATH": str(fake_toolchain)}, toolkit_dirs=False)
+    assert both is not None and (both.compiler, both.arch) == ("hipcc", "gfx90a")  # Debian hipcc's device libs
+    only_nvcc = tmp_path / "only_nvcc"
+    only_nvcc.mkdir()
+    (only_nvcc / "nvcc").symlink_to(fake_toolchain / "nvcc")
+    plan, _ = plan_standalone(CPU_TORCH, [], {"PATH": str(only_nvcc)}, toolkit_dirs=False)
+    assert plan is not None and (plan.compiler, plan.arch) == ("nvcc", "nvcc-default")
+    assert not any(a.startswith("-arch") for a in compile_command(plan, Path("/tmp/x"), []))
+    assert plan.no_gpu_reason.startswith("no NVIDIA GPU")
+
+
+def test_no_compiler_is_a_recorded_skip(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rows = run_standalone(
+        target="t", fingerprint="fp", build_config={"standalone_sizes": [7, 1024]}, timing=FAST,
+        out_csv=tmp_path / "hip_standalone.csv", build_log=tmp_path / "b.log", run_log=tmp_path / "r.log",
+        work_dir=tmp_path / "work", device=CPU_TORCH, environ={"PATH": str(empty)}, toolkit_dirs=False)
+    table = HIP_STANDALONE.read(tmp_path / "hip_standalone.csv")
+    assert len(rows) == 3 and set(table["status"]) == {"skipped"}
+    assert table["reason"].str.contains("no compiler: hipcc or nvcc not found").all()
+    assert list(table["phase"]) == ["build", "run", "run"]
+
+
+def test_extension_arch_environment() -> None:
+    assert ext.arch_environment("cuda", ["sm_90"]) == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert ext.arch_environment("cuda", ["sm_90a", "sm_120"]) == {"TORCH_CUDA_ARCH_LIST": "9.0a;12.0"}
+    assert ext.arch_environment("rocm", ["gfx90a"]) == {"PYTORCH_ROCM_ARCH": "gfx90a"}
+    assert ext.arch_environment("cpu", []) == {}
+    with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST"):
+        ext.arch_environment("cuda", ["gfx90a"])
+
+
+def test_extension_builds_only_the_detected_cuda_arch(monkeypatch: pytest.MonkeyPatch, fake_toolchain: Path) -> None:
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(fake_toolchain.parent))
+    spec, why = ext.plan_build(CUDA_GPU)
+    assert spec is not None, why
+    assert spec.backend == "cuda" and spec.archs == ("sm_90",)
+    assert dict(spec.arch_env) == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert "ops_cuda.cu" in spec.sources
+    pinned, _ = ext.plan_build(CUDA_GPU, pinned_archs=["gfx90a", "sm_80"])
+    assert pinned is not None and pinned.archs == ("sm_80",)
+
+
+def test_extension_rocm_arch_honours_hsa_override(monkeypatch: pytest.MonkeyPatch, fake_toolchain: Path) -> None:
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "ROCM_HOME", str(fake_toolchain.parent))
+    gpu = replace(ROCM_GPU, arch="gfx1151")
+    spec, _ = ext.plan_build(gpu, environ={**os.environ, "HSA_OVERRIDE_GFX_VERSION": "11.0.0"})
+    assert spec is not None and dict(spec.arch_env) == {"PYTORCH_ROCM_ARCH": "gfx1100"}
+    detected, _ = ext.plan_build(gpu, environ={k: v for k, v in os.environ.items()
+                                               if k != "HSA_OVERRIDE_GFX_VERSION"})
+    assert detected is not None and detected.archs == ("gfx1151",)
+    assert detected.device_compiler_version == "HIP version: 0.0-test"
+
+
+def test_extension_without_device_compiler_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
+    spec, why = ext.plan_build(CUDA_GPU)
+    assert spec is None and why.startswith("nvcc not found")
+
+
+def test_extension_without_host_compiler_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CXX", "gpulab-no-such-compiler")
+    load = ext.load_ops("t", device=CPU_TORCH, cache_root=tmp_path)
+    assert load.status == "skipped" and "no host C++ compiler" in load.reason
+    assert not (tmp_path / "extensions").exists()
+
+
+# ------------------------------------------------------------------------------- cache key
+
+
+def copy_sources(dest: Path) -> Path:
+    shutil.copytree(ext.SOURCE_DIR, dest)
+    return dest
+
+
+def test_build_dir_changes_exactly_with_sources_and_flags(tmp_path: Path) -> None:
+    src = copy_sources(tmp_path / "src")
+    base, _ = ext.plan_build(CPU_TORCH, source_dir=src)
+    same, _ = ext.plan_build(CPU_TORCH, source_dir=copy_sources(tmp_path / "elsewhere"))
+    flags, _ = ext.plan_build(CPU_TORCH, extra_cflags=["-O2"], source_dir=src)
+    assert base is not None and same is not None and flags is not None
+    root = tmp_path / "cache"
+    assert ext.extension_build_dir("t", base, root) == ext.extension_build_dir("t", same, root)
+    assert ext.extension_build_dir("t", base, root).parent == root / "extensions" / "t"
+    assert base.name != flags.name
+    header = src / "ops_common.h"
+    header.write_text(header.read_text() + "\n// an edit\n")
+    edited, _ = ext.plan_build(CPU_TORCH, source_dir=src)
+    assert edited is not None and edited.name != base.name
+
+
+def test_compiler_errors_keeps_the_compilers_lines() -> None:
+    log = ("[1/2] c++ -c ops.cpp -o ops.o\nFAILED: ops.o\n"
+           "ops.cpp:12:5: error: 'gpulab_broken' was not declared in this scope\n   12 |     gpulab_broken;\n"
+           "      |     ^~~~~~~~~~~~~\nninja: build stopped: subcommand failed.\n")
+    text = ext.compiler_errors(log)
+    assert "ops.cpp:12:5: error: 'gpulab_broken' was not declared" in text and "^~~~" in text
+    assert "ninja: build stopped" not in text
+
+
+# -------------------------------------------------------------------- real compilers, no GPU
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc not installed (CI installs Debian's hipcc)")
+def test_standalone_compiles_with_hipcc_for_gfx90a_and_run_is_skipped_without_gpu(tmp_path: Path) -> None:
+    rows = run_standalone(
+        target="t", fingerprint="fp", build_config={"standalone_sizes": [1024], "offload_archs": ["gfx90a"]},
+        timing=FAST, out_csv=tmp_path / "hip_standalone.csv", build_log=tmp_path / "b.log",
+        run_log=tmp_path / "r.log", work_dir=tmp_path / "work", device=CPU_TORCH)
+    build, run = rows
+    assert build["status"] == "ok", build.get("reason")
+    assert build["compiler"] == "hipcc" and "--offload-arch=gfx90a" in build["command"]
+    assert build["binary_bytes"] > 0 and build["build_s"] > 0
+    assert run["status"] == "skipped" and run["reason"].startswith("no AMD GPU")
+    # The program itself refuses to pretend: non-zero exit and a runtime error naming the failed call.
+    binary = next((tmp_path / "work").glob("vector_add_hipcc_gfx90a"))
+    proc = subprocess.run([str(binary), "--sizes", "1024"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HIP_PLATFORM": "amd"})
+    assert proc.returncode != 0
+    assert "error" in proc.stderr.lower() and "RESULT" not in proc.stdout
+    assert "the program reported" in run["reason"]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_standalone_source_compiles_with_nvcc_through_the_portability_header(tmp_path: Path) -> None:
+    nvcc_dir = str(Path(NVCC).parent)
+    rows = run_standalone(
+        target="t", fingerprint="fp", build_config={"standalone_sizes": [1024], "offload_archs": ["sm_90"]},
+        timing=FAST, out_csv=tmp_path / "hip_standalone.csv", build_log=tmp_path / "b.log",
+        run_log=tmp_path / "r.log", work_dir=tmp_path / "work", device=device("cuda", False, cuda="13.0"),
+        environ={"PATH": nvcc_dir})
+    assert rows[0]["status"] == "ok", rows[0].get("reason")
+    assert rows[0]["compiler"] == "nvcc" and "-arch=sm_90" in rows[0]["command"]
+    assert rows[1]["status"] == "skipped" and rows[1]["reason"].startswith("no NVIDIA GPU")
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc not installed (CI installs Debian's hipcc)")
+def test_broken_standalone_source_fails_with_the_compiler_message(tmp_path: Path) -> None:
+    src = tmp_path / "hip"
+    shutil.copytree(SOURCE.parent, src)
+    broken = src / "vector_add.hip"
+    broken.write_text(broken.read_text().replace("c4[i] = make_float4(", "c4[i] = gpulab_no_such_function("))
+    rows = run_standalone(
+        target="t", fingerprint="fp", build_config={"standalone_sizes": [1024], "offload_archs": ["gfx90a"]},
+        timing=FAST, out_csv=tmp_path / "hip_standalone.csv", build_log=tmp_path / "b.log",
+        run_log=tmp_path / "r.log", work_dir=tmp_path / "work", device=CPU_TORCH, source=broken)
+    assert rows[0]["status"] == "failed"
+    assert "compile error" in rows[0]["reason"] and "gpulab_no_such_function" in rows[0]["reason"]
+    assert "gpulab_no_such_function" in (tmp_path / "b.log").read_text()
+    assert rows[1]["status"] == "skipped" and rows[1]["reason"] == "the build failed"
+
+
+def test_parse_output_of_the_h100_run() -> None:
+    log = (FIXTURES / "results" / "h100" / "build" / "hip_standalone_run.log").read_text()
+    dev, results = parse_output(log)
+    assert dev["name"] == "NVIDIA H100 80GB HBM3" and dev["arch"] == "sm_90" and dev["warp_size"] == "32"
+    assert [r["size"] for r in results] == [1024, 98432, 1048576, 16777216, 67108864]
+    assert all(r["correct"] and r["mismatches"] == 0 and len(r["samples_ms"]) >= 10 for r in results)
+
+
+# ------------------------------------------------------------------------- the CPU extension
+
+
+@pytest.fixture(scope="module")
+def cpu_extension(tmp_path_factory: pytest.TempPathFactory) -> tuple[ext.ExtensionLoad, Path]:
+    """One real cold build of the CPU extension into a private cache, shared by the tests below."""
+    root = tmp_path_factory.mktemp("ext_cache")
+    load = ext.load_ops("ci", cache_root=root, device=CPU_TORCH)
+    if load.status == "skipped":
+        pytest.skip(f"extension cannot be built here: {load.reason}")
+    return load, root
+
+
+def test_cpu_extension_builds_cold_then_loads_warm_in_a_fresh_process(cpu_extension) -> None:
+    load, root = cpu_extension
+    assert load.status == "ok", load.reason + load.compiler_output
+    assert load.backend == "cpu" and load.arch == "cpu" and load.build_s > 0
+    build_dir = Path(load.build_dir)
+    assert build_dir.parent == root / "extensions" / "ci"
+    assert json.loads((build_dir / "build.json").read_text())["name"] == load.name
+    assert "ops.cpp" in (build_dir / "build.log").read_text()
+    warm = ext.warm_load_in_subprocess("ci", root)
+    assert warm.status == "ok", warm.reason
+    assert warm.cached and warm.name == load.name and warm.build_s == pytest.approx(load.build_s)
+    assert warm.seconds < load.build_s
+
+
+def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
+    rows = ext.check_ops("ci", "fp", device=CPU_TORCH)
+    table = ext.EXTENSION_CHECKS.frame(rows)
+    bad = table[table["status"] != "ok"]
+    assert bad.empty, bad[["op", "dtype", "shape", "layout", "reason"]].to_string()
+    assert set(table["op"]) == {"vector_add", "gelu_tanh", "softmax_rows"}
+    assert set(table["dtype"]) == {"fp32", "fp16", "bf16"} and set(table["layout"]) == {"aligned", "offset"}
+    assert (table["unwritten"] == 0).all()
+
+
+def test_correctness_check_catches_a_wrong_operator(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ext._reference
+
+    def reference_off_by_a_thousandth(op, inputs):
+        ref = real(op, inputs)
+        return ref * (1 + 1e-3) if op == "gelu_tanh" else ref
+
+    monkeypatch.setattr(ext, "_reference", reference_off_by_a_thousandth)
+    rows = ext.check_ops("ci", "fp", device=CPU_TORCH, dtypes=("fp32",))
+    gelu = [r for r in rows if r["op"] == "gelu_tanh"]
+    assert gelu and all(r["status"] == "incorrect" for r in gelu), [r["shape"] for r in gelu if r["status"] == "ok"]
+    assert all(r["status"] == "ok" for r in rows if r["op"] != "gelu_tanh")
+
+
+def test_cpu_extension_ops_work_under_torch_compile(cpu_extension) -> None:
+    import torch
+
+    def f(x, y):
+        return torch.ops.gpulab.softmax_rows(torch.ops.gpulab.gelu_tanh(torch.ops.gpulab.vector_add(x, y)))
+
+    x, y = torch.randn(5, 37), torch.randn(5, 37)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+    expected = torch.softmax(torch.nn.functional.gelu(x + y, approximate="tanh"), -1)
+    torch.testing.assert_close(f(x, y), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_extension_rejects_bad_input_with_a_clear_message(cpu_extension) -> None:
+    import torch
+
+    ops = torch.ops.gpulab
+    with pytest.raises(RuntimeError, match="no broadcasting"):
+        ops.vector_add(torch.randn(4, 3), torch.randn(3))
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        ops.gelu_tanh(torch.randn(4, 4).t())
+    with pytest.raises(RuntimeError, match="expected float32, float16 or bfloat16"):
+        ops.gelu_tanh(torch.randn(4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="must be 2-D"):
+        ops.softmax_rows(torch.randn(2, 3, 4))
+    assert ops.softmax_rows(torch.empty(0, 5)).shape == (0, 5)
+
+
+def test_timing_pitfalls_rows_on_cpu(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulab.timing_pitfalls import PITFALLS, run_pitfalls
+
+    _, root = cpu_extension
+    monkeypatch.setenv(ext.CACHE_ENV, str(root))  # the fresh-process measurements find this build
+    rows = run_pitfalls("ci", "fp", FAST, size=1 << 16, device=CPU_TORCH)
+    table = PITFALLS.frame(rows)
+    assert (table["status"] == "ok").all(), table["reason"].tolist()
+    assert list(table["method"]) == ["tutorial"] * 2 + ["tutorial_reversed"] * 2 + ["measured"] * 2
+    tutorial = table[table["method"] == "tutorial"]
+    assert list(tutorial["impl"]) == ["cpp_ext", "native"] and list(tutorial["call_order"]) == [1, 2]
+    assert list(table[table["method"] == "tutorial_reversed"]["impl"]) == ["native", "cpp_ext"]
+    assert (tutorial["reps"] == 1).all() and (tutorial["timer"] == "host_clock").all()
+    measured = table[table["method"] == "measured"]
+    assert (measured["reps"] >= 3).all() and (measured["timer"] == "perf_counter").all()
+    assert table["correct"].all()
+
+
+def test_broken_kernel_source_fails_the_step_with_the_compiler_message(tmp_path: Path) -> None:
+    src = copy_sources(tmp_path / "src")
+    ops = src / "ops.cpp"
+    ops.write_text(ops.read_text().replace("at::Tensor out = at::empty_like(a);",
+                                           "at::Tensor out = gpulab_no_such_symbol(a);", 1))
+    script = f"""
+import sys
+from pathlib import Path
+from gpulab.device import DeviceInfo
+from gpulab.extension import run_extension_step
+cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
+run_extension_step("ci", "fp", {{}}, out_csv=Path(r"{tmp_path}/extension.csv"),
+                   checks_csv=Path(r"{tmp_path}/checks.csv"), build_log=Path(r"{tmp_path}/build.log"),
+                   cache_root=Path(r"{tmp_path}/cache"), device=cpu, source_dir=Path(r"{src}"))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    if "no host C++ compiler" in proc.stdout + proc.stderr:
+        pytest.skip("no host C++ compiler")
+    assert proc.returncode != 0
+    # The compiler's own diagnostic, file and line included, not just a Python traceback.
+    assert re.search(r"ops\.cpp:\d+:\d+: error: .*gpulab_no_such_symbol", proc.stderr), proc.stderr[-3000:]
+    assert "ExtensionBuildError" in proc.stderr
+    assert not (tmp_path / "extension.csv").exists() and not (tmp_path / "checks.csv").exists()
+    build_dir = next((tmp_path / "cache" / "extensions" / "ci").glob("gpulab_ops_*"))
+    assert not (build_dir / "build.json").exists()  # never mistaken for a finished build
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
+    import yaml
+    from gpulab.config import validate_config
+    from gpulab.report.render import render_report
+
+    config = validate_config(yaml.safe_load((REPO / "config.yaml").read_text()))
+    out = tmp_path / "report.html"
+    render_report(FIXTURES / "results", out, config, "pytest")
+    page = out.read_text()
+    start = page.index('id="build"')
+    section = page[start:page.index("</section>", start)]
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", section))
+    assert "234 of 234 cases within tolerance" in text  # H100
+    assert "192 of 192 cases within tolerance" in text  # CPU
+    assert "an apparent 8.4× speed-up" in text and "the native add is 1.2% faster" in text
+    assert "Run skipped: no AMD GPU" in text and "hipErrorNoDevice" in text
+    assert "22.1" in text and "sm_90" in text and "gfx90a" in text
+    assert section.count("data:image/png;base64,") == 2
+    assert 'href="' in section and "extension_build.log" in section
+
+
+def test_fixture_tables_match_their_schemas() -> None:
+    from gpulab.timing_pitfalls import PITFALLS
+
+    for target in ("h100", "local-cpu"):
+        base = FIXTURES / "results" / target / "build"
+        for schema, name in ((HIP_STANDALONE, "hip_standalone.csv"), (ext.EXTENSION, "extension.csv"),
+                             (ext.EXTENSION_CHECKS, "extension_checks.csv"), (PITFALLS, "timing_pitfalls.csv")):
+            df = schema.read(base / name)
+            assert list(df.columns) == schema.names, f"{target}/{name}"
+    with pytest.raises(SchemaError):
+        PITFALLS.read(FIXTURES / "results" / "h100" / "build" / "extension.csv")
+    assert isinstance(pd.read_csv(FIXTURES / "h100_dev_run" / "perf.csv"), pd.DataFrame)

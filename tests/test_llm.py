@@ -1,0 +1,381 @@
+"""LLM step: model resolution, the tiny model, engine fast against transformers, the measurements and the report.
+
+Everything runs on CPU with the tiny model (bf16, as the study loads Qwen); the GPU figures of the 7B
+architecture live in tests/fixtures/llm (measured on an H100) and feed the report test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from gpulab.llm import bench
+from gpulab.llm.bench import LLM, PeakMemory, Sizes, kv_capacity, run_llm
+from gpulab.llm.fast import FastOptions, FastQwen2
+from gpulab.llm.models import (
+    ModelSpecError,
+    ModelUnavailableError,
+    ResolvedModel,
+    load_model,
+    model_slug,
+    resolve_model,
+    spec_kind,
+)
+from gpulab.llm.sampling import next_token, top_k
+from gpulab.llm.study import MESSAGES, Sampling
+from gpulab.llm.tiny import SPECIAL_TOKENS, build_tiny
+from gpulab.paths import REPO_ROOT
+from gpulab.timing import Timing
+
+FIXTURES = Path(__file__).parent / "fixtures" / "llm"
+NO_NETWORK = {"MODELSCOPE_ENDPOINT": "http://127.0.0.1:9", "MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS": "1"}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir: Path):
+    return load_model(resolve_model("tiny", {}, tiny_dir=tiny_dir), "cpu", "bf16")
+
+
+def _chat_ids(loaded) -> torch.Tensor:
+    text = loaded.tokenizer.apply_chat_template(list(MESSAGES), tokenize=False, add_generation_prompt=True)
+    return loaded.tokenizer([text], return_tensors="pt").input_ids
+
+
+def _hf_greedy(model, ids: torch.Tensor, n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             **Sampling.greedy().generate_kwargs())
+    return out[0, ids.shape[1]:].tolist()
+
+
+# -- model specs and resolution ----------------------------------------------------------------------------
+
+
+def test_model_specs_are_classified_and_named_for_files():
+    assert spec_kind("tiny") == "tiny"
+    assert spec_kind("Qwen/Qwen2.5-7B-Instruct") == "modelscope"
+    assert spec_kind("random:Qwen/Qwen2.5-7B-Instruct") == "random"
+    assert spec_kind("/models/qwen") == "directory"
+    assert spec_kind("./models/qwen") == "directory"
+    assert model_slug("random:Qwen/Qwen2.5-7B-Instruct") == "random_Qwen__Qwen2.5-7B-Instruct"
+    assert model_slug("Qwen/Qwen2.5-7B-Instruct") == "Qwen__Qwen2.5-7B-Instruct"
+    for bad in ("Qwen", "random:Qwen", "a/b/c", "Qwen/Qwen 7B"):
+        with pytest.raises(ModelSpecError, match="model spec"):
+            spec_kind(bad)
+
+
+def test_tiny_and_random_resolve_to_their_directories(tiny_dir):
+    resolved = resolve_model("tiny", {}, tiny_dir=tiny_dir)
+    assert (resolved.source, resolved.path, resolved.how) == ("tiny", str(tiny_dir), "built")
+    with pytest.raises(ModelSpecError, match="llm_tiny_build"):
+        resolve_model("tiny", {})
+    random = resolve_model("random:Qwen/Qwen2.5-7B-Instruct", {"cache_dir": str(tiny_dir / "no-cache")},
+                           tiny_dir=tiny_dir)
+    assert random.source == "random" and Path(random.path, "config.json").is_file()
+    assert json.loads(Path(random.path, "config.json").read_text())["hidden_size"] == 3584
+    assert random.tokenizer_path == str(tiny_dir)  # the real tokenizer is not on disk here
+    with pytest.raises(ModelSpecError, match=r"shipped: Qwen/Qwen2\.5-7B-Instruct"):
+        resolve_model("random:Qwen/Qwen9-1T", {}, tiny_dir=tiny_dir)
+
+
+def test_explicit_paths_resolve_without_modelscope(tiny_dir, tmp_path):
+    direct = resolve_model(str(tiny_dir), {})
+    assert (direct.source, direct.how, direct.path) == ("real", "directory", str(tiny_dir.resolve()))
+    mapped = resolve_model("gpulab/tiny-test", {"local_paths": {"gpulab/tiny-test": str(tiny_dir)},
+                                                "revisions": {"gpulab/tiny-test": "v1"}})
+    assert (mapped.how, mapped.revision, mapped.path) == ("local path", "v1", str(tiny_dir.resolve()))
+    with pytest.raises(ModelUnavailableError, match=r"no config\.json"):
+        resolve_model(str(tmp_path), {})
+
+
+def test_cached_modelscope_snapshot_is_used_without_network(tiny_dir, tmp_path, monkeypatch):
+    for name, value in NO_NETWORK.items():
+        monkeypatch.setenv(name, value)
+    snapshot = tmp_path / "cache" / "models" / "gpulab--tiny-test" / "snapshots" / "master"
+    shutil.copytree(tiny_dir, snapshot)
+    resolved = resolve_model("gpulab/tiny-test", {"cache_dir": str(tmp_path / "cache")})
+    assert (resolved.how, resolved.source, Path(resolved.path)) == ("modelscope cache", "real", snapshot)
+
+
+def _resolve_offline(model: str, cache: Path) -> subprocess.CompletedProcess:
+    # A fresh interpreter: modelscope reads its retry settings from the environment when imported.
+    code = ("import sys; from gpulab.llm.models import resolve_model\n"
+            f"resolve_model({model!r}, {{'cache_dir': {str(cache)!r}}})")
+    env = {**os.environ, **NO_NETWORK, "PYTHONPATH": str(REPO_ROOT / "workflow")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_missing_model_without_network_fails_clearly_and_leaves_no_debris(tmp_path):
+    cache = tmp_path / "new" / "cache"
+    result = _resolve_offline("Qwen/Qwen2.5-7B-Instruct", cache)
+    assert result.returncode != 0
+    message = result.stderr.split("ModelUnavailableError:", 1)[-1]
+    assert "could not download Qwen/Qwen2.5-7B-Instruct" in message
+    assert str(cache) in message
+    for way_out in ("llm.local_paths", "random:Qwen/Qwen2.5-7B-Instruct", "use tiny"):
+        assert way_out in message
+    assert not (tmp_path / "new").exists(), "the failed download left directories behind"
+
+
+def test_failed_download_keeps_what_was_in_the_cache(tmp_path):
+    cache = tmp_path / "cache"
+    kept = cache / "models" / "other--model" / "snapshots" / "master"
+    kept.mkdir(parents=True)
+    (kept / "config.json").write_text("{}")
+    result = _resolve_offline("gpulab/absent", cache)
+    assert result.returncode != 0 and "gpulab/absent" in result.stderr
+    dirs = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*") if p.is_dir())
+    assert dirs == ["models", "models/other--model", "models/other--model/snapshots",
+                    "models/other--model/snapshots/master"]
+
+
+# -- the tiny model ----------------------------------------------------------------------------------------
+
+
+def test_tiny_model_is_deterministic(tiny_dir, tmp_path):
+    again = build_tiny(tmp_path / "again")
+
+    def digest(path: Path) -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+    assert digest(again) == digest(tiny_dir)
+    assert digest(build_tiny(tmp_path / "other-seed", seed=1))["model.safetensors"] != digest(tiny_dir)[
+        "model.safetensors"]
+
+
+def test_tiny_model_is_a_qwen2_chat_model(tiny):
+    config = tiny.model.config
+    assert config.model_type == "qwen2" and config.num_key_value_heads < config.num_attention_heads
+    assert type(tiny.tokenizer).__name__.startswith("Qwen2Tokenizer")
+    text = tiny.tokenizer.apply_chat_template(list(MESSAGES), tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>system\n你是一个才华横溢的诗人。<|im_end|>\n<|im_start|>user\n"
+                    "你好，请用这台高性能显卡为我写一首关于 AMD 显卡逆袭的七言绝句。<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    ids = tiny.tokenizer(text).input_ids
+    special = {tiny.tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    assert ids.count(tiny.tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3 and special <= set(range(len(
+        tiny.tokenizer)))
+    assert tiny.tokenizer.decode(ids) == text  # byte-level BPE round-trips the Chinese prompt
+    assert tiny.model.generation_config.eos_token_id == [tiny.tokenizer.eos_token_id, tiny.tokenizer.pad_token_id]
+    assert all(p.dtype == torch.bfloat16 for p in tiny.model.parameters())
+    assert tiny.weight_bytes == 2 * sum(p.numel() for p in tiny.model.parameters())
+
+
+# -- engine fast against transformers ----------------------------------------------------------------------
+
+
+def test_fast_greedy_tokens_equal_transformers(tiny):
+    fast = FastQwen2(tiny.model, 256, FastOptions(compile=False, graphs=False), eos_ids=[])
+    generator = torch.Generator().manual_seed(3)
+    prompts = [_chat_ids(tiny)] + [torch.randint(0, 700, (1, n), generator=generator) for n in (1, 7, 40)]
+    for ids in prompts:
+        assert fast.generate(ids[0], 32, Sampling.greedy(), stop_at_eos=False).tolist() == _hf_greedy(
+            tiny.model, ids, 32)
+
+
+def test_compiled_decode_step_stays_bit_identical(tiny):
+    # The GPU path's numerics on CPU: inductor fuses the elementwise work (rounding like eager), matmuls,
+    # means and SiLU stay eager custom ops.
+    fast = FastQwen2(tiny.model, 256, FastOptions(compile=True, graphs=False), eos_ids=[])
+    fast.prepare(Sampling.greedy())
+    if fast.compile_error:
+        pytest.skip(f"torch.compile cannot build here: {fast.compile_error}")
+    for ids in (_chat_ids(tiny), torch.randint(0, 700, (1, 9), generator=torch.Generator().manual_seed(5))):
+        assert fast.generate(ids[0], 32, Sampling.greedy(), stop_at_eos=False).tolist() == _hf_greedy(
+            tiny.model, ids, 32)
+
+
+def test_fast_logits_are_bit_identical_only_in_exact_mode(tiny):
+    ids = _chat_ids(tiny)
+    with torch.no_grad():
+        first = tiny.model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        step = tiny.model(input_ids=first.logits[:, -1].argmax(-1, keepdim=True), past_key_values=first.past_key_values,
+                          use_cache=True)
+    reference = step.logits[0, -1].float()
+
+    def step_logits(exact: bool) -> torch.Tensor:
+        fast = FastQwen2(tiny.model, 128, FastOptions(compile=False, graphs=False, exact=exact), eos_ids=[])
+        fast.prefill(ids[0], Sampling.greedy())
+        assert int(fast.tokens[ids.shape[1]]) == int(first.logits[0, -1].argmax())
+        captured = {}
+        original = fast._fns["head"]
+        fast._fns["head"] = lambda h, w: captured.setdefault("logits", original(h, w))
+        fast.decode(1, Sampling.greedy())
+        return captured["logits"][0]
+
+    assert torch.equal(step_logits(exact=True), reference)
+    fused = step_logits(exact=False)  # fixed-length masked attention: close, not the same bits
+    assert not torch.equal(fused, reference)
+    assert torch.allclose(fused, reference, atol=0.05)
+
+
+def test_fast_stops_at_end_of_sequence(tiny):
+    ids = _chat_ids(tiny)
+    free = FastQwen2(tiny.model, 256, FastOptions(compile=False, graphs=False), eos_ids=[]).generate(
+        ids[0], 20, Sampling.greedy(), stop_at_eos=False).tolist()
+    stop_at = free[5]
+    stopped = FastQwen2(tiny.model, 256, FastOptions(compile=False, graphs=False, check_every=4),
+                        eos_ids=[stop_at]).generate(ids[0], 20, Sampling.greedy(), stop_at_eos=True).tolist()
+    assert stopped == free[: free.index(stop_at) + 1]
+
+
+# -- sampling -------------------------------------------------------------------------------------------
+
+
+def test_two_stage_top_k_equals_torch_topk():
+    for n in (50, 5000, 152064):
+        scores = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        for got, want in zip(top_k(scores, 20), torch.topk(scores, 20), strict=True):
+            assert torch.equal(got, want)
+
+
+def test_device_sampling_follows_transformers_processors():
+    from transformers.generation.logits_process import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    sampling = Sampling(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.05)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 500, generator=generator) * 3
+    seen = torch.randint(0, 500, (1, 40), generator=generator)
+    presence = torch.zeros(500, dtype=torch.bool)
+    presence[seen[0]] = True
+    scores = logits.clone()
+    for processor in (RepetitionPenaltyLogitsProcessor(1.05), TemperatureLogitsWarper(0.7), TopKLogitsWarper(20),
+                      TopPLogitsWarper(0.9)):
+        scores = processor(seen, scores)
+    expected = torch.softmax(scores[0], -1)
+    torch.manual_seed(0)
+    draws = torch.cat([next_token(logits, presence, sampling) for _ in range(4000)])
+    counts = torch.bincount(draws, minlength=500).double() / len(draws)
+    assert set(draws.tolist()) <= set(expected.nonzero().flatten().tolist())
+    assert float((counts - expected.double()).abs().max()) < 0.03
+    assert int(next_token(logits, presence, Sampling.greedy())) == int(logits.argmax())
+
+
+# -- the measurements ------------------------------------------------------------------------------------
+
+
+def test_statistics_of_a_measurement():
+    timing = Timing(median_ms=100.0, p10_ms=90.0, p90_ms=110.0, mean_ms=100.0, min_ms=90.0, cv=0.05, reps=3,
+                    warmup_reps=1, first_call_ms=500.0, timer="perf_counter", cache_policy="none")
+    tok_s, sd = bench._mean_sd_tok_s(128, timing)
+    assert tok_s == pytest.approx(1280.0) and sd == pytest.approx(64.0)
+    cfg = {"prompt_tokens": "auto", "gen_tokens": 64, "max_new_tokens": "auto", "check_tokens": 32, "reps": 3}
+    assert Sizes.resolve(cfg, gpu=True) == Sizes(512, 64, 512, 32, 3)
+    assert Sizes.resolve(cfg, gpu=False) == Sizes(128, 64, 128, 32, 3)
+    sizes = Sizes(512, 128, 512, 32, 3)
+    assert kv_capacity(sizes, 80) >= 80 + 512 and kv_capacity(sizes, 80) % 64 == 0
+    memory = PeakMemory(gpu=False)
+    memory.reset()
+    blob = bytes(range(256)) * (2**18)  # 64 MiB actually written, so it is resident
+    alloc, reserved = memory.read()
+    assert alloc >= 64 / 1024 and reserved == alloc
+    del blob
+
+
+def test_aotriton_switch_is_set_from_config():
+    environ: dict[str, str] = {}
+    assert bench.apply_aotriton_env(True, environ) == "1" and environ[bench.AOTRITON_VARIABLE] == "1"
+    assert bench.apply_aotriton_env(False, environ) == "0"
+
+
+SMALL = {**bench.llm_defaults(), "prompt_tokens": 24, "gen_tokens": 8, "max_new_tokens": 12, "check_tokens": 8}
+FILLED = {
+    "pp": ["tok_s", "tok_s_sd", "mean_ms", "n_prompt", "peak_alloc_gib", "peak_reserved_gib", "weight_bytes", "load_s",
+           "first_call_ms", "reps", "attn_impl", "sdpa_kernel", "engine_detail", "aotriton_experimental"],
+    "ttft": ["mean_ms", "n_prompt", "peak_alloc_gib", "reps"],
+    "tg": ["tok_s", "tok_s_sd", "gbps", "copy_gbps", "roofline_tok_s", "pct_of_copy_bw", "n_gen", "mean_ms"],
+    "study": ["tok_s", "gbps", "pct_of_copy_bw", "n_gen", "n_prompt", "peak_alloc_gib", "load_s", "mean_ms"],
+    "greedy": ["tokens_match", "n_gen", "n_prompt"],
+}
+
+
+def test_both_engines_measure_the_tiny_model(tiny, tmp_path):
+    results = run_llm(tiny.resolved, ["hf", "fast"], SMALL, target="local", fingerprint="abc", copy_gbps=10.0,
+                      out_dir=tmp_path, loaded=tiny)
+    for engine in ("hf", "fast"):
+        table = LLM.read(tmp_path / f"tiny__{engine}.csv")
+        assert list(table.columns) == LLM.names
+        assert set(table["status"]) == {"ok"}, table[["test", "reason"]]
+        expected = ["pp24", "ttft24", "tg8", "study"] + (["greedy8"] if engine == "fast" else [])
+        assert sorted(table["test"]) == sorted(expected)
+        assert set(table["model_source"]) == {"tiny"} and set(table["fingerprint"]) == {"abc"}
+        for row in table.itertuples():
+            columns = FILLED[str(row.test).rstrip("0123456789")]
+            missing = [c for c in columns if pd.isna(getattr(row, c))]
+            assert not missing, f"{engine} {row.test}: empty {missing}"
+        tg = table[table["test"] == "tg8"].iloc[0]
+        assert tg["gbps"] == pytest.approx(tg["weight_bytes"] * tg["tok_s"] / 1e9)
+        assert tg["pct_of_copy_bw"] == pytest.approx(100 * tg["gbps"] / 10.0)
+        document = json.loads((tmp_path / f"tiny__{engine}.json").read_text())
+        assert document["study"]["messages"][1]["content"] == MESSAGES[1]["content"]
+        assert 0 < len(document["study"]["token_ids"]) <= 12
+        assert document["study"]["sampling"]["do_sample"] and document["study"]["sampling"]["top_k"] == 20
+    assert results["fast"][0]["tokens_match"] is True
+
+
+def test_a_greedy_mismatch_marks_every_fast_time_incorrect(tiny, tmp_path):
+    engine = bench.FastEngine(tiny, 128, compile_=False, exact=True, streams="none", study=Sampling.greedy(),
+                              eos_ids=[])
+    sizes = Sizes(8, 4, 4, 4, 3)
+    right = engine.greedy(_chat_ids(tiny), 4)
+    wrong = [*right[:2], right[2] + 1, right[3]]
+    rows, _ = bench.run_engine(engine, tiny, SMALL, sizes, base={"target": "local", "fingerprint": "x"},
+                               reference_greedy=wrong, copy_gbps=math.nan, device="cpu", gpu=False)
+    assert {r["status"] for r in rows} == {"incorrect"}
+    greedy = next(r for r in rows if r["test"] == "greedy4")
+    assert greedy["tokens_match"] is False and greedy["first_mismatch"] == 2
+    assert "differ from hf at token 2" in greedy["reason"] and "top-2 logit gap" in greedy["reason"]
+
+
+def test_big_models_are_skipped_on_cpu_with_a_reason(tiny_dir, tmp_path):
+    resolved = resolve_model("random:Qwen/Qwen2.5-7B-Instruct", {"cache_dir": str(tmp_path / "c")},
+                             tiny_dir=tiny_dir)
+    run_llm(resolved, ["hf", "fast"], SMALL, target="local", fingerprint="abc", copy_gbps=math.nan,
+            out_dir=tmp_path)
+    table = LLM.read(tmp_path / "random_Qwen__Qwen2.5-7B-Instruct__fast.csv")
+    assert set(table["status"]) == {"skipped"} and table["reason"].str.contains("GB of bf16 weights").all()
+    assert set(table["model_source"]) == {"random"}
+
+
+def test_resolved_model_round_trips_through_json(tiny_dir, tmp_path):
+    resolved = resolve_model("tiny", {}, tiny_dir=tiny_dir)
+    (tmp_path / "m.json").write_text(resolved.to_json())
+    assert ResolvedModel.read(tmp_path / "m.json") == resolved
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+
+def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
+    from gpulab.config import load_config
+    from gpulab.report.render import render_report
+
+    shutil.copytree(FIXTURES / "results", tmp_path / "results")
+    rendered = render_report(tmp_path / "results", tmp_path / "report.html", load_config(REPO_ROOT / "config.yaml"),
+                             "pytest")
+    assert not rendered.errors
+    html = (tmp_path / "report.html").read_text(encoding="utf-8")
+    section = html[html.index('id="llm"'):]
+    for text in ("LLM inference", "9.28", "14.28", "昔日显皇N独尊", "random weights (speed and memory only)",
+                 "153.4 ± 2.2", "26.2 ± 3.8", "against its copy-bandwidth roofline", "Prompt-processing tokens",
+                 "greedy32", "device graphs per layer segment", "NVIDIA H100"):
+        assert text in section, text

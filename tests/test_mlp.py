@@ -1,0 +1,314 @@
+"""MLP profiling: kernel classification (recorded names of both vendors), phase attribution, the FLOP
+count, and the whole profile on a small model on CPU (artifacts, schemas, the report section)."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings
+from gpulab.device import DeviceInfo, detect
+from gpulab.mlp.kernels import (
+    BACKWARD_FUNCTION_SCOPE,
+    FORWARD_RANGE,
+    classify_kernel,
+    device_kernel_records,
+    is_python_frame,
+    kernel_table,
+    short_kernel_name,
+)
+from gpulab.mlp.model import MLP, VARIANTS, MLPShape, matmul_flops, resolve_shape
+from gpulab.mlp.profile import MLP_KERNELS, MLP_OPS, MLP_SUMMARY, make_step, profile_mlp, strict_rows
+from gpulab.timing import TimingSettings
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "mlp"
+
+
+def _recorded_names() -> list[dict[str, str]]:
+    with open(FIXTURES / "kernel_names.csv", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.parametrize("row", _recorded_names(), ids=lambda r: f"{r['vendor']}:{r['name'][:40]}")
+def test_recorded_kernel_names_are_classified(row):
+    assert classify_kernel(row["name"]) == row["expected"], row["source"]
+
+
+def test_recorded_names_cover_both_vendors_and_every_category():
+    rows = _recorded_names()
+    assert {r["vendor"] for r in rows} >= {"cuda", "rocm"}
+    assert {r["expected"] for r in rows} == {"matmul", "activation", "reduction", "other"}
+
+
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+         "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, "
+         "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType))",
+         "vectorized_elementwise_kernel<GeluCUDAKernelImpl>"),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+         "float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+         "float>, unsigned int, float, 4, 4>)", "reduce_kernel<MeanOps>"),
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(cutlass_80_simt_sgemm_128x64_8x5_nn_align1"
+         "::Params)", "Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>"),
+        ("aten::addmm", "aten::addmm"),
+        ("triton_poi_fused_addmm_gelu_0", "triton_poi_fused_addmm_gelu_0"),
+    ],
+)
+def test_short_kernel_names(name, short):
+    assert short_kernel_name(name) == short
+
+
+def test_triton_pointwise_kernel_named_after_addmm_is_not_a_matmul():
+    # Inductor names fused kernels after every op they contain; the prefix says what the kernel is.
+    assert classify_kernel("triton_poi_fused_addmm_gelu_0") == "activation"
+    assert classify_kernel("triton_tem_fused_addmm_0") == "matmul"
+    # cuBLAS's split-K epilogue is part of the GEMM even though its name says "reduce".
+    assert classify_kernel("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float>(float*)") == "matmul"
+
+
+def test_python_frames_are_recognised():
+    assert is_python_frame("torch/nn/modules/module.py(1751): _call_impl")
+    assert is_python_frame("<built-in method mm of type object at 0x7f72e8>")
+    assert is_python_frame("nn.Module: Linear_0")
+    assert not is_python_frame("aten::mm")
+    assert not is_python_frame("autograd::engine::evaluate_function: AddmmBackward0")
+
+
+def _cpu_event(event_id, name, start, end, *, parent=None, scope=0, thread=1, annotation=False):
+    from torch.autograd.profiler_util import FunctionEvent
+
+    event = FunctionEvent(id=event_id, name=name, thread=thread, start_us=start, end_us=end, scope=scope,
+                          is_user_annotation=annotation)
+    if parent is not None:
+        parent.append_cpu_child(event)
+        event.set_cpu_parent(parent)
+    return event
+
+
+def _device_event(event_id, name, start, duration, *, annotation=False):
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    return FunctionEvent(id=event_id, name=name, thread=7, start_us=start, end_us=start + duration,
+                         device_type=DeviceType.CUDA, is_user_annotation=annotation)
+
+
+def test_device_kernels_get_phase_and_launching_op_and_annotations_are_dropped():
+    gemm = "sm90_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x32_cublas"
+    gelu = "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>(int)"
+    cijk = "Cijk_Alik_Bljk_SB_MT64x128x16_SN_1LDSB0_"
+    fill = "__amd_rocclr_fillBufferAligned"
+    # Forward on the main thread inside the step's range; backward on the autograd engine's device thread.
+    forward = _cpu_event(1, FORWARD_RANGE, 0, 100, scope=7, annotation=True)
+    addmm = _cpu_event(2, "aten::addmm", 10, 20, parent=forward)
+    gelu_op = _cpu_event(3, "aten::gelu", 20, 30, parent=forward)
+    node = _cpu_event(4, "autograd::engine::evaluate_function: AddmmBackward0", 200, 300, thread=2)
+    backward_fn = _cpu_event(5, "AddmmBackward0", 201, 299, parent=node, scope=BACKWARD_FUNCTION_SCOPE, thread=2)
+    mm = _cpu_event(6, "aten::mm", 210, 220, parent=backward_fn, thread=2)
+    addmm.append_kernel(gemm, 0, 5.0)
+    gelu_op.append_kernel(gelu, 0, 2.0)
+    mm.append_kernel(cijk, 0, 7.0)
+    forward.append_kernel(FORWARD_RANGE, 0, 50.0)  # the range as the GPU timeline mirrors it
+    device = [
+        _device_event(10, gemm, 12, 5.0),
+        _device_event(11, gelu, 22, 2.0),
+        _device_event(12, cijk, 212, 7.0),
+        _device_event(13, FORWARD_RANGE, 10, 50.0, annotation=True),
+        _device_event(14, fill, 400, 1.0),  # launched by nothing the profiler saw as an op
+    ]
+    records = device_kernel_records([forward, addmm, gelu_op, node, backward_fn, mm, *device])
+    by_kernel = {r.kernel: r for r in records}
+    assert set(by_kernel) == {gemm, gelu, cijk, fill}
+    assert (by_kernel[gemm].phase, by_kernel[gemm].launched_by) == ("forward", "aten::addmm")
+    assert by_kernel[gelu].phase == "forward"
+    assert (by_kernel[cijk].phase, by_kernel[cijk].launched_by) == ("backward", "aten::mm")
+    assert (by_kernel[fill].phase, by_kernel[fill].launched_by) == ("other", "")
+
+    table = kernel_table(records, steps=1)
+    assert table["share"].sum() == pytest.approx(1.0)
+    assert table.iloc[0]["kernel"] == cijk  # largest first
+    categories = dict(zip(table["kernel"], table["category"], strict=True))
+    assert categories == {gemm: "matmul", gelu: "activation", cijk: "matmul", fill: "other"}
+    assert table["time_us"].sum() == pytest.approx(15.0)
+
+
+def test_matmul_flops_match_pytorchs_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = MLPShape(dim=24, num_layers=3, batch=5, num_steps=1)
+    model = MLP(shape.dim, shape.num_layers)
+    x = torch.randn(shape.batch, shape.dim)
+    step = make_step(model, model, x, VARIANTS["fp32"], detect())
+    with FlopCounterMode(display=False) as counter:
+        step()
+    assert counter.get_total_flops() == matmul_flops(shape) == 2 * 5 * 24 * 24 * (3 * 3 - 1)
+
+
+def _device(backend: str) -> DeviceInfo:
+    gpu = backend != "cpu"
+    return DeviceInfo(backend=backend, torch_version="2.x", hip_version="6.4" if backend == "rocm" else None,
+                      cuda_version="13.0" if backend == "cuda" else None, gpu_available=gpu,
+                      reason="" if gpu else "PyTorch is a CPU-only build")
+
+
+def test_auto_shape_scales_with_the_device():
+    auto = {"dim": "auto", "num_layers": "auto", "batch": "auto", "num_steps": 5}
+    assert resolve_shape(auto, _device("cuda")) == MLPShape(2048, 64, 1024, 5)
+    assert resolve_shape(auto, _device("cpu")) == MLPShape(256, 4, 64, 5)
+    assert resolve_shape({**auto, "dim": 512}, _device("cpu")).dim == 512
+    with pytest.raises(ValueError, match=r"mlp\.num_steps"):
+        resolve_shape({**auto, "num_steps": 0}, _device("cpu"))
+
+
+def test_tf32_runs_on_cuda_only():
+    tf32 = VARIANTS["tf32"]
+    assert tf32.unavailable(_device("cuda")) is None
+    assert "ROCm has no TF32" in tf32.unavailable(_device("rocm"))
+    assert "no CUDA GPU" in tf32.unavailable(_device("cpu"))
+    assert all(VARIANTS[v].unavailable(_device(b)) is None for v in ("fp32", "bf16", "compiled")
+               for b in ("cuda", "rocm", "cpu"))
+
+
+def test_strict_mode_judges_only_variants_the_backend_has(profiled):
+    from gpulab.tables import StrictModeError, enforce_strict
+
+    summary = MLP_SUMMARY.read(profiled / "mlp" / "summary.csv")
+    enforce_strict(strict_rows(summary, _device("rocm")), True, "mlp")  # tf32 is not a failure on ROCm
+    on_cuda = strict_rows(summary, _device("cuda"))
+    assert "tf32" in set(on_cuda["variant"])
+    with pytest.raises(StrictModeError, match="tf32"):
+        enforce_strict(on_cuda, True, "mlp")
+
+
+def test_unknown_variant_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown variant"):
+        profile_mlp({"variants": ["fp64"]}, TimingSettings(), target="t", fingerprint="f", ceilings=None,
+                    out_dir=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+TINY = {"dim": 32, "num_layers": 3, "batch": 16, "num_steps": 2, "variants": ["fp32", "tf32", "bf16", "compiled"]}
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory) -> Path:
+    """One real CPU profile of a small MLP, all four variants, with ceilings measured here."""
+    root = tmp_path_factory.mktemp("results") / "local"
+    timing = TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False)
+    rows = measure_ceilings({"copy_mib": 1, "matmul_n": 128, "dtypes": ["fp32", "bf16"]}, timing,
+                            target="local", fingerprint="test")
+    CEILINGS.write(rows, root / "bench" / "ceilings.csv")
+    ceilings = Ceilings.load(root / "bench" / "ceilings.csv")
+    profile_mlp(TINY, timing, target="local", fingerprint="test", ceilings=ceilings, out_dir=root / "mlp")
+    return root
+
+
+def test_cpu_profile_writes_every_artifact(profiled):
+    mlp = profiled / "mlp"
+    expected = {"summary.csv", "kernels.csv", "ops.csv"} | {
+        f"{kind}_{v}.{ext}" for v in TINY["variants"] for kind, ext in (("trace", "json.gz"), ("stacks", "txt"))}
+    assert expected <= {p.name for p in mlp.iterdir()}
+    assert not [p for p in mlp.iterdir() if p.name.startswith(".")], "scratch files left behind"
+
+
+def test_cpu_summary_rows(profiled):
+    summary = MLP_SUMMARY.read(profiled / "mlp" / "summary.csv").set_index("variant")
+    assert list(summary.index) == TINY["variants"]
+    assert summary.loc["tf32", "status"] == "skipped"
+    assert "TF32" in summary.loc["tf32", "reason"]
+    ok = summary.loc[["fp32", "bf16", "compiled"]]
+    assert (ok["status"] == "ok").all(), ok["reason"].to_dict()
+    assert (ok["activities"] == "CPU").all() and (ok["time_source"] == "cpu_op_self").all()
+    flops = matmul_flops(MLPShape(32, 3, 16, 2))
+    assert (ok["step_matmul_flops"] == flops).all()
+    expected_tflops = flops / (ok["median_ms"] / 1e3) / 1e12
+    assert ok["tflops"].to_numpy() == pytest.approx(expected_tflops.to_numpy())
+    assert ok["pct_of_ceiling"].to_numpy() == pytest.approx((100 * ok["tflops"] / ok["ceiling_tflops"]).to_numpy())
+    assert (ok["rel_err_output"] <= ok["tolerance"]).all() and (ok["rel_err_grad"] <= ok["tolerance"]).all()
+    assert ok.loc["bf16", "rel_err_output"] > ok.loc["fp32", "rel_err_output"]  # bf16 really ran in bf16
+    assert ok["max_memory_allocated_bytes"].isna().all()  # no allocator statistics on CPU
+    assert (ok["matmul_share"] > 0).all() and (ok["matmul_share"] < 1).all()
+    assert (ok["reps"] >= 3).all() and (ok["timer"] == "perf_counter").all()
+
+
+def test_cpu_kernel_rows_are_classified_by_phase_and_category(profiled):
+    kernels = MLP_KERNELS.read(profiled / "mlp" / "kernels.csv")
+    assert set(kernels["variant"]) == {"fp32", "bf16", "compiled"}
+    for variant, rows in kernels.groupby("variant"):
+        assert {"forward", "backward"} <= set(rows["phase"]), variant
+        assert {"matmul", "activation"} <= set(rows["category"]), variant
+        assert rows["share"].sum() == pytest.approx(1.0)
+        assert not rows["launched_by"].fillna("").map(is_python_frame).any()
+    fp32 = kernels[kernels["variant"] == "fp32"]
+    phase_of = fp32.groupby("kernel")["phase"].agg(set)
+    assert phase_of["aten::addmm"] == {"forward"} and phase_of["aten::mm"] == {"backward"}
+    assert phase_of["aten::gelu_backward"] == {"backward"}
+    compiled = kernels[kernels["variant"] == "compiled"]
+    assert compiled["kernel"].str.contains("cpp_fused").any(), "Inductor's C++ kernels should be visible"
+
+
+def test_cpu_ops_table_is_data(profiled):
+    ops = MLP_OPS.read(profiled / "mlp" / "ops.csv")
+    fp32 = ops[ops["variant"] == "fp32"].set_index("op")
+    assert fp32.loc["aten::addmm", "calls"] == TINY["num_layers"] * TINY["num_steps"]
+    assert fp32.loc[FORWARD_RANGE, "user_annotation"]
+    assert not ops["op"].map(is_python_frame).any()
+
+
+def test_cpu_traces_and_stacks(profiled):
+    mlp = profiled / "mlp"
+    for variant in ("fp32", "bf16", "compiled"):
+        trace = json.loads(gzip.decompress((mlp / f"trace_{variant}.json.gz").read_bytes()))
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert FORWARD_RANGE in names and "aten::addmm" in names
+        lines = (mlp / f"stacks_{variant}.txt").read_text().splitlines()
+        assert lines and all(line.rsplit(" ", 1)[1].isdigit() for line in lines)
+    skipped = json.loads(gzip.decompress((mlp / "trace_tf32.json.gz").read_bytes()))
+    assert skipped["traceEvents"] == [] and skipped["otherData"]["gpulab_status"] == "skipped"
+    assert (mlp / "stacks_tf32.txt").read_text() == ""
+
+
+def test_report_section_renders(profiled, tmp_path):
+    from gpulab.report.render import render_report
+
+    results = tmp_path / "results"
+    shutil.copytree(profiled, results / "local")
+    report = render_report(results, tmp_path / "report.html", {"report": {"title": "t"}}, "pytest")
+    assert not report.errors
+    assert "mlp" in [s["id"] for s in report.sections]
+    html = (tmp_path / "report.html").read_text()
+    section = html[html.index('<section id="mlp"'):]
+    section = section[: section.index("</section>")]
+    assert "ui.perfetto.dev" in section and "chrome://tracing" in section
+    assert 'href="results/local/mlp/trace_fp32.json.gz"' in section
+    assert "CPU activities only" in section
+    assert section.count("<img") == 4  # step time, TFLOP/s, top kernels, category shares
+    assert "TF32 is a CUDA matmul mode; this target has no CUDA GPU" in section  # the skipped row says why
+
+
+def test_a_variant_that_breaks_is_recorded_not_raised(tmp_path, monkeypatch):
+    # No working C++ compiler is the realistic way the compiled variant fails on a bare CPU host.
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-cxx"),))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    config = {**TINY, "dim": 40, "variants": ["compiled", "fp32"]}
+    summary = profile_mlp(config, TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False),
+                          target="local", fingerprint="test", ceilings=None, out_dir=tmp_path)
+    rows = summary.set_index("variant")
+    assert rows.loc["compiled", "status"] == "failed"
+    assert "compiler" in rows.loc["compiled", "reason"].lower()
+    assert rows.loc["fp32", "status"] == "ok"
+    assert math.isnan(rows.loc["fp32", "ceiling_tflops"])
+    trace = json.loads(gzip.decompress((tmp_path / "trace_compiled.json.gz").read_bytes()))
+    assert trace["otherData"]["gpulab_status"] == "failed"
+    assert set(pd.read_csv(tmp_path / "kernels.csv")["variant"]) == {"fp32"}

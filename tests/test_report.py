@@ -1,0 +1,468 @@
+"""The report: reading results defensively, comparisons, figures, rendering and the ``gpulab`` command.
+
+Results used here are the test fixtures in ``tests/fixtures/report/`` (see its README: a recorded CPU
+run of this workflow, plus a second target derived from it with synthetic numbers, clearly labelled).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from gpulab.cli import main as gpulab_main
+from gpulab.report import plots
+from gpulab.report.compare import (
+    FASTER,
+    NO_SPREAD,
+    ONLY_A,
+    ONLY_B,
+    SLOWER,
+    STATUS_CHANGED,
+    WITHIN,
+    cross_target_ratios,
+    env_differences,
+    run_deltas,
+    spread_verdict,
+    with_throughput,
+)
+from gpulab.report.render import (
+    SIZE_BUDGET_BYTES,
+    ReportError,
+    discover_sections,
+    format_number,
+    render_report,
+)
+from gpulab.report.results import ResultsIndex, key_columns
+from PIL import Image
+from report_fixtures import (
+    CONFIG,
+    FIXTURE_RESULTS,
+    SYNTHETIC_TARGET,
+    comparison_report,
+    make_results,
+    make_run_pair,
+    two_target_report,
+)
+
+# ------------------------------------------------------------------------------------------ numbers
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (None, "–"), (math.nan, "–"), (0.0, "0"), (3, "3"), (16777216, "16,777,216"), (2870.4, "2,870"),
+    (12.345, "12.3"), (0.01234, "0.0123"), (4.2e-7, "4.20e-07"), (True, "true"),
+])
+def test_numbers_are_formatted_for_readers(value, text):
+    assert format_number(value) == text
+
+
+# ------------------------------------------------------------------------------------- run deltas
+
+
+def _timing(median, p10, p90, cv=0.01, status="ok"):
+    return {"status": status, "median_ms": median, "p10_ms": p10, "p90_ms": p90, "cv": cv}
+
+
+def test_change_inside_the_measured_spread_is_not_flagged():
+    assert spread_verdict(_timing(1.00, 0.95, 1.10), _timing(1.08, 1.02, 1.12)) == WITHIN
+
+
+def test_change_beyond_the_spread_is_flagged_in_the_right_direction():
+    assert spread_verdict(_timing(1.00, 0.98, 1.02), _timing(1.10, 1.05, 1.15)) == SLOWER
+    assert spread_verdict(_timing(1.00, 0.98, 1.02), _timing(0.90, 0.88, 0.97)) == FASTER
+
+
+def test_without_percentiles_the_cv_decides_and_without_both_nothing_is_claimed():
+    noisy = {"median_ms": 1.0, "cv": 0.2}
+    assert spread_verdict(noisy, {"median_ms": 1.3, "cv": 0.2}) == WITHIN
+    assert spread_verdict({"median_ms": 1.0, "cv": 0.01}, {"median_ms": 1.3, "cv": 0.01}) == SLOWER
+    assert spread_verdict({"median_ms": 1.0}, {"median_ms": 2.0}) == NO_SPREAD
+
+
+def test_run_deltas_match_cells_and_flag_status_changes_and_missing_cells():
+    base = {"target": "t", "op": "gelu", "dtype": "fp32"}
+    a = pd.DataFrame([
+        {**base, "impl": "native", "size": 1024, **_timing(1.0, 0.98, 1.02)},
+        {**base, "impl": "triton", "size": 1024, **_timing(1.0, 0.98, 1.02)},
+        {**base, "impl": "manual", "size": 1024, **_timing(2.0, 1.9, 2.1)},
+        {**base, "impl": "cpp_ext", "size": 1024, **_timing(1.0, 0.9, 1.1)},
+    ])
+    b = pd.DataFrame([
+        {**base, "impl": "native", "size": 1024, **_timing(1.5, 1.45, 1.55)},
+        {**base, "impl": "triton", "size": 1024, **_timing(1.0, 0.98, 1.02, status="incorrect")},
+        {**base, "impl": "manual", "size": 1024, **_timing(2.05, 1.95, 2.2)},
+        {**base, "impl": "torch_compile", "size": 1024, **_timing(1.0, 0.9, 1.1)},
+    ])
+    deltas = run_deltas(a, b).set_index("impl")
+    assert deltas.loc["native", "verdict"] == SLOWER
+    assert deltas.loc["native", "change_pct"] == pytest.approx(50.0)
+    assert deltas.loc["triton", "verdict"] == STATUS_CHANGED
+    assert deltas.loc["manual", "verdict"] == WITHIN
+    assert deltas.loc["cpp_ext", "verdict"] == ONLY_A
+    assert deltas.loc["torch_compile", "verdict"] == ONLY_B
+    # Flagged cells come first: a reviewer reads regressions before noise.
+    assert list(run_deltas(a, b)["verdict"])[:2] == [SLOWER, STATUS_CHANGED]
+
+
+def test_env_differences_list_what_changed_but_not_the_capture_time():
+    a = {"captured_at": "x", "packages": {"torch": "2.4.0"}, "device": {"name": "MI300X"}}
+    b = {"captured_at": "y", "packages": {"torch": "2.5.0"}, "device": {"name": "MI300X"}}
+    diff = env_differences(a, b)
+    assert diff.to_dict("records") == [{"key": "packages.torch", "baseline": "2.4.0", "this run": "2.5.0"}]
+
+
+# ------------------------------------------------------------------------------ target ratios
+
+
+def _bench(target, impl, size, gbps, status="ok", dtype="fp32"):
+    return {"target": target, "op": "gelu", "impl": impl, "dtype": dtype, "size": str(size), "numel": size,
+            "gbps": gbps, "status": status, "median_ms": 1.0, "p10_ms": 0.9, "p90_ms": 1.1}
+
+
+def test_ratios_compare_the_same_cell_and_skip_cells_not_ok_on_both():
+    df = pd.DataFrame([
+        _bench("amd", "native", 1024, 100.0), _bench("nv", "native", 1024, 250.0),
+        _bench("amd", "triton", 1024, 100.0), _bench("nv", "triton", 1024, 900.0, status="incorrect"),
+    ])
+    table = cross_target_ratios(df, value="gbps", baseline="amd")
+    assert table is not None and table.matched_on == "same cell"
+    frame = table.frame.set_index("impl")
+    assert frame.loc["native", "nv vs amd (×)"] == pytest.approx(2.5)
+    assert math.isnan(frame.loc["triton", "nv vs amd (×)"])
+
+
+def test_ratios_fall_back_to_each_targets_largest_size_when_sizes_differ():
+    df = pd.DataFrame([
+        _bench("cpu", "native", 1 << 20, 10.0), _bench("cpu", "native", 1 << 22, 12.0),
+        _bench("gpu", "native", 1 << 26, 2000.0), _bench("gpu", "native", 1 << 28, 2900.0),
+    ])
+    table = cross_target_ratios(df, value="gbps", baseline="cpu")
+    assert table is not None and table.matched_on == "largest size each target ran"
+    row = table.frame.iloc[0]
+    assert row["gpu vs cpu (×)"] == pytest.approx(2900.0 / 12.0)
+    assert row["size (cpu)"] == str(1 << 22) and row["size (gpu)"] == str(1 << 28)
+
+
+def test_rows_measuring_different_things_are_compared_on_their_own_throughput():
+    ceilings = pd.DataFrame([
+        {"target": t, "status": "ok", "kind": kind, "dtype": "fp32", "size": size, "gbps": gbps, "tflops": tflops}
+        for t, scale in (("cpu", 1.0), ("gpu", 100.0))
+        for kind, size, gbps, tflops in (("copy", 64 << 20 if t == "cpu" else 1 << 30, 10.0 * scale, math.nan),
+                                         ("matmul", 1024 if t == "cpu" else 8192, math.nan, 0.05 * scale))
+    ])
+    frame, value = with_throughput(ceilings)
+    table = cross_target_ratios(frame, value=value, baseline="cpu")
+    assert table is not None and value == "throughput (gbps | tflops)"
+    assert sorted(table.frame["kind"]) == ["copy", "matmul"]  # neither kind is lost to the other
+    assert table.frame["gpu vs cpu (×)"].tolist() == pytest.approx([100.0, 100.0])
+
+
+def test_time_ratios_read_as_speed_up():
+    df = pd.DataFrame([
+        {"target": "a", "variant": "fp32", "median_ms": 10.0, "status": "ok"},
+        {"target": "b", "variant": "fp32", "median_ms": 2.0, "status": "ok"},
+    ])
+    table = cross_target_ratios(df, value="median_ms", baseline="a", higher_is_better=False)
+    assert table is not None
+    assert table.frame["b vs a (×)"].iloc[0] == pytest.approx(5.0)
+
+
+def test_key_columns_grow_until_rows_are_unique():
+    kernels = pd.DataFrame({"target": ["t", "t"], "variant": ["fp32", "fp32"], "kernel": ["gemm", "gelu"],
+                            "phase": ["forward", "forward"], "time_us": [1.0, 2.0]})
+    keys = key_columns(kernels)
+    assert {"variant", "target", "kernel"} <= set(keys) and "time_us" not in keys
+    assert not kernels.duplicated(subset=keys).any()
+
+
+# ----------------------------------------------------------------------------- results index
+
+
+def test_results_index_records_unreadable_files_and_labels_rows_by_directory(tmp_path):
+    (tmp_path / "h100-copy" / "bench").mkdir(parents=True)
+    pd.DataFrame([_bench("h100", "native", 1024, 5.0)]).to_csv(tmp_path / "h100-copy/bench/gelu.csv", index=False)
+    (tmp_path / "h100-copy/bench/softmax.csv").write_bytes(b'a,b\n1,"unterminated\n')
+    (tmp_path / "h100-copy/env").mkdir()
+    (tmp_path / "h100-copy/env/env.json").write_text("{not json")
+    index = ResultsIndex(tmp_path)
+    assert index.table("bench/gelu.csv")["target"].tolist() == ["h100-copy"]
+    assert index.table("bench/softmax.csv").empty
+    assert index.env("h100-copy") is None
+    messages = {p.path: p.message for p in index.problems}
+    assert "unreadable table" in messages["h100-copy/bench/softmax.csv"]
+    assert "unreadable environment capture" in messages["h100-copy/env/env.json"]
+
+
+def test_logs_of_an_artifact_are_found_by_step_and_narrowed_by_hints(tmp_path):
+    logs = tmp_path / "t/logs"
+    logs.mkdir(parents=True)
+    for name in ("bench_run_gelu_triton", "bench_run_gelu_native", "bench_run_softmax_triton", "env_capture"):
+        (logs / f"{name}.log").write_text("")
+    index = ResultsIndex(tmp_path)
+    assert [p.stem for p in index.logs_for("t", "bench/gelu.csv")] == ["bench_run_gelu_native", "bench_run_gelu_triton"]
+    assert [p.stem for p in index.logs_for("t", "bench/gelu.csv", ("triton",))] == ["bench_run_gelu_triton"]
+    assert [p.stem for p in index.logs_for("t", "env/tools.csv")] == ["env_capture"]
+
+
+def test_llm_headline_is_decode_of_the_studys_model_not_prefill_or_the_tiny_model(tmp_path):
+    from gpulab.llm.bench import LLM
+    from gpulab.report.sections.summary import llm_headline
+
+    def row(model, source, engine, test, tok_s, pct=math.nan, status="ok"):
+        return {"target": "t", "fingerprint": "f", "status": status, "model": model, "model_source": source,
+                "engine": engine, "test": test, "tok_s": tok_s, "pct_of_copy_bw": pct}
+
+    LLM.write([row("tiny", "tiny", "fast", "tg128", 900.0, 40.0), row("tiny", "tiny", "fast", "pp512", 9000.0)],
+              tmp_path / "t/llm/tiny__fast.csv")
+    LLM.write([row("random:Qwen/Qwen2.5-7B-Instruct", "random", "hf", "tg128", 11.1, 5.6),
+               row("random:Qwen/Qwen2.5-7B-Instruct", "random", "hf", "pp512", 2500.0)],
+              tmp_path / "t/llm/qwen__hf.csv")
+    LLM.write([row("random:Qwen/Qwen2.5-7B-Instruct", "random", "fast", "tg128", 160.0, 81.0),
+               row("random:Qwen/Qwen2.5-7B-Instruct", "random", "fast", "tg128", 999.0, status="incorrect")],
+              tmp_path / "t/llm/qwen__fast.csv")
+    headline = llm_headline(ResultsIndex(tmp_path), "t")
+    assert (headline.value, headline.pct) == (160.0, 81.0)
+    assert "fast" in headline.detail and "Qwen2.5-7B" in headline.detail
+    assert not llm_headline(ResultsIndex(tmp_path), "absent").measured
+
+
+def test_environment_draws_each_backends_stack_in_its_layers(tmp_path, fixtures):
+    """The recorded H100 ldd (CUDA) beside the study's ROCm ldd: runtimes side by side, HSA only on ROCm."""
+    from gpulab.report.render import ReportContext, environment
+    from gpulab.report.sections import environment as env_section
+    from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
+
+    torch_lib = {"h100": "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib",
+                 "rocm": "/opt/venv/lib/python3.13/site-packages/torch/lib"}
+    listings = {"h100": [("libtorch_cuda.so", "ldd_libtorch_cuda_h100.txt"),
+                         ("libtorch_python.so", "ldd_libtorch_python_h100.txt")],
+                "rocm": [("libtorch_python.so", "ldd_libtorch_python_rocm_study.txt")]}
+    for target, backend in (("h100", "cuda"), ("rocm", "rocm")):
+        rows = stack_rows([(lib, (fixtures / "env" / name).read_text()) for lib, name in listings[target]],
+                          torch_lib[target])
+        RUNTIME_STACK.write([{"target": target, "fingerprint": "f", "status": "ok", **r} for r in rows],
+                            tmp_path / target / "env/runtime_stack.csv")
+        env = {"fingerprint": "f", "target": target, "device": {"backend": backend, "name": target.upper(),
+                                                                 "gpu_available": True}}
+        (tmp_path / target / "env/env.json").write_text(json.dumps(env))
+    ctx = ReportContext(ResultsIndex(tmp_path), tmp_path / "report.html", CONFIG, "pytest")
+    data = env_section.build(ctx)
+    layers = {t["name"]: t["layers"] for t in data["targets"]}
+    names = {t: {layer: [lib["name"] for lib in info["libraries"]] for layer, info in ls.items()}
+             for t, ls in layers.items()}
+    assert any(n.startswith("libcudart") for n in names["h100"]["gpu_runtime"])
+    assert any(n.startswith("libcublas") for n in names["h100"]["math"])
+    assert layers["h100"]["hsa_runtime"]["absent"] and "ROCm" in layers["h100"]["hsa_runtime"]["why"]
+    assert names["rocm"]["gpu_runtime"] == ["libamdhip64.so.7"] and names["rocm"]["hsa_runtime"]
+    html = environment().get_template(env_section.TEMPLATE).render(ctx=ctx, **data)
+    assert html.count('class="stack-grid cols-2"') == 1  # one grid, a column per target
+    assert "vendor-nvidia" in html and "vendor-amd" in html
+
+
+# ---------------------------------------------------------------------------------- figures
+
+
+def _decode(figure: plots.Figure) -> Image.Image:
+    assert figure.uri.startswith("data:image/png;base64,")
+    image = Image.open(io.BytesIO(base64.b64decode(figure.uri.split(",", 1)[1])))
+    image.load()
+    return image
+
+
+def test_metric_vs_size_draws_one_panel_per_target_and_keeps_every_row_as_data():
+    plots.apply_style()
+    df = pd.DataFrame([_bench(t, impl, n, g * (3 if t == "b" else 1), status="incorrect" if impl == "triton" and
+                              n == 4096 else "ok")
+                       for t in ("a", "b") for impl in ("native", "triton") for n, g in ((1024, 10.0), (4096, 20.0))])
+    single = plots.metric_vs_size(df[df["target"] == "a"], x="numel", y="gbps", hue="impl", xlabel="elements",
+                                  ylabel="GB/s", alt="one target")
+    double = plots.metric_vs_size(df, x="numel", y="gbps", hue="impl", xlabel="elements", ylabel="GB/s",
+                                  alt="two targets", ceilings={"a": {"copy": 25.0}, "b": {"copy": 70.0}})
+    assert _decode(double).width > _decode(single).width  # side by side, not overlaid
+    assert len(double.data) == len(df)  # the incorrect row is not plotted but stays in the table
+    grid = plots.metric_vs_size(df, x="numel", y="gbps", hue="impl", xlabel="elements", ylabel="GB/s",
+                                alt="targets by dtype", row="target", col="dtype",
+                                ceilings={("a", "fp32"): {"copy": 25.0}, "b": {"copy": 70.0}})
+    assert _decode(grid).height > _decode(double).height * 1.6  # one row of panels per target
+    assert (double.width, double.height) == (round(_decode(double).width * 100 / plots.DPI),
+                                             round(_decode(double).height * 100 / plots.DPI))
+
+
+def test_panels_share_a_scale_only_when_their_values_are_comparable():
+    amd_nv = pd.DataFrame({"target": ["mi300x", "h100"], "tflops": [600.0, 700.0]})
+    cpu_gpu = pd.DataFrame({"target": ["cpu", "h100"], "tflops": [0.006, 700.0]})
+    assert plots._share_y(amd_nv, "tflops", "target")
+    assert not plots._share_y(cpu_gpu, "tflops", "target")
+
+
+def test_series_keep_their_colour_whatever_else_is_plotted():
+    assert plots.series_colors(["triton"])["triton"] == plots.series_colors(["native", "manual", "triton"])["triton"]
+    assert plots.series_order(["triton", "zeta", "native"]) == ["native", "triton", "zeta"]
+
+
+def test_ratio_heatmap_and_strip_render():
+    plots.apply_style()
+    df = pd.DataFrame({"target": ["a"] * 4, "impl": ["triton", "manual"] * 2, "dtype": ["fp32"] * 2 + ["bf16"] * 2,
+                       "speedup": [1.2, 0.3, 1.1, 0.25]})
+    heat = plots.ratio_heatmap(df, index="dtype", columns="impl", values="speedup", alt="heat", label="× native")
+    strip = plots.ratio_strip(df, ratio="speedup", row="impl", alt="strip", xlabel="× native")
+    assert _decode(heat).height > 50 and _decode(strip).width > 100
+
+
+# --------------------------------------------------------------------------------- rendering
+
+
+def test_sections_follow_the_declared_order():
+    orders = {m.ID: m.ORDER for m in discover_sections()}
+    assert orders["summary"] == 10 and orders["environment"] == 20 and orders["methodology"] == 90
+    assert list(orders.values()) == sorted(orders.values())
+
+
+def test_no_html_is_assembled_in_python():
+    tag = re.compile(r"""["'][^"'\n]*<\s*/?\s*(div|table|tr|td|th|span|p|img|h[1-6]|ul|li|a|details|section|br)\b""")
+    report_package = Path(plots.__file__).parent
+    offenders = [f"{path.name}:{n}" for path in report_package.rglob("*.py")
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if tag.search(line)]
+    assert offenders == []
+
+
+def test_two_target_report_is_self_contained_and_complete():
+    rendered = two_target_report()
+    html = rendered.path.read_text()
+    assert rendered.errors == []
+    titles = [s["title"] for s in rendered.sections]
+    assert titles[:2] == ["Summary", "Environment & runtime stack"]
+    assert "Comparison across targets" in titles and titles[-1] == "Methodology & reproduction"
+    assert rendered.size_bytes < SIZE_BUDGET_BYTES
+    assert "<script" not in html
+    # Links a reader may follow are fine; nothing the page itself loads may come from elsewhere.
+    sources = re.findall(r"""\ssrc=["']([^"']*)""", html)
+    assert sources and all(src.startswith("data:image/png;base64,") for src in sources), "every image is embedded"
+    assert not re.search(r"""<link[^>]*href=""", html) and "@import" not in html and "url(" not in html
+    assert SYNTHETIC_TARGET in html and "synthetic" in html.lower()
+    # Every measured artifact present on both targets gets a ratio table; the synthetic target is 20x.
+    assert "bench/gelu.csv" in html and f"{SYNTHETIC_TARGET} vs cpu (×)" in html
+    across = html[html.index('id="across-targets"'):html.index('id="methodology"')]
+    assert "<td>20</td>" in across and "largest size" not in across  # same cells on both: compared directly
+
+
+def test_summary_shows_headlines_and_links_each_problem_to_its_log():
+    html = two_target_report().path.read_text()
+    summary = html[html.index('id="summary"'):html.index('id="environment"')]
+    for label in ("Best GeLU bandwidth", "MLP fwd+bwd step", "Copy bandwidth (ceiling)"):
+        assert label in summary
+    assert "Targets side by side" in summary
+    links = re.findall(r'href="([^"]+\.log)"', summary)
+    assert links and all((two_target_report().path.parent / link).is_file() for link in links)
+
+
+def test_a_broken_section_is_shown_not_fatal_unless_strict(tmp_path, monkeypatch):
+    import gpulab.report.render as render
+    import gpulab.report.sections.methodology as methodology
+    import gpulab.report.sections.summary as summary
+
+    results = make_results(tmp_path)
+    monkeypatch.setattr(render, "discover_sections", lambda: [summary, methodology])
+
+    def broken(_ctx):
+        raise KeyError("column 'gbps' missing")
+
+    monkeypatch.setattr(methodology, "build", broken)
+    rendered = render_report(results, tmp_path / "report.html", CONFIG, "pytest")
+    assert [e["id"] for e in rendered.errors] == ["methodology"]
+    html = rendered.path.read_text()
+    assert "column &#39;gbps&#39; missing" in html and 'href="#methodology"' in html
+    with pytest.raises(ReportError, match="methodology"):
+        render_report(results, tmp_path / "strict.html", {**CONFIG, "strict": True}, "pytest")
+    assert not (tmp_path / "strict.html").exists()
+
+
+def test_partial_or_older_results_render_without_errors(tmp_path, monkeypatch):
+    """Results copied in from elsewhere may lack files or fields; the framework's sections still render."""
+    import gpulab.report.render as render
+    from gpulab.report.sections import across, environment, methodology, summary
+
+    monkeypatch.setattr(render, "discover_sections", lambda: [summary, environment, across, methodology])
+    (tmp_path / "old/env").mkdir(parents=True)
+    (tmp_path / "old/env/env.json").write_text(json.dumps({"fingerprint": "0ld", "device": {"backend": "cuda"}}))
+    (tmp_path / "old/bench").mkdir()
+    pd.DataFrame([_bench("old", "native", 1024, 50.0)]).to_csv(tmp_path / "old/bench/gelu.csv", index=False)
+    (tmp_path / "bare/bench").mkdir(parents=True)  # no environment capture at all
+    pd.DataFrame([_bench("bare", "native", 1024, 5.0)]).to_csv(tmp_path / "bare/bench/gelu.csv", index=False)
+    rendered = render_report(tmp_path, tmp_path / "out/report.html", CONFIG, "pytest")
+    assert rendered.errors == []
+    html = rendered.path.read_text()
+    assert "No environment capture" in html and "bare vs" in html.replace("old vs bare", "bare vs")
+
+
+def test_no_results_is_a_clear_error(tmp_path):
+    with pytest.raises(ReportError, match="no results found"):
+        render_report(tmp_path / "nothing", tmp_path / "r.html", CONFIG, "pytest")
+    assert not (tmp_path / "r.html").exists()
+
+
+# ------------------------------------------------------------------------------ gpulab compare
+
+
+def test_compare_flags_regressions_beyond_the_spread():
+    rendered, changed = comparison_report()
+    html = rendered.path.read_text()
+    assert [s["id"] for s in rendered.sections][:2] == ["summary", "changes"]
+    assert "Comparison of two runs" in html
+    for verdict in (SLOWER, STATUS_CHANGED):
+        assert f'class="verdict-{verdict.replace(" ", "-")}">{verdict}<' in html
+    assert changed["slower"] in html and changed["incorrect"] in html
+    assert "packages.torch" in html  # the environment difference that explains it
+
+
+def test_compare_command_writes_the_comparison(tmp_path):
+    baseline, new, _ = make_run_pair(tmp_path)
+    out = tmp_path / "compare.html"
+    assert gpulab_main(["compare", str(baseline), str(new), "-o", str(out)]) == 0
+    assert "Changes against the baseline run" in out.read_text()
+
+
+def test_compare_refuses_bad_arguments(tmp_path, capsys):
+    results = make_results(tmp_path)
+    with pytest.raises(SystemExit, match="not a directory"):
+        gpulab_main(["compare", str(tmp_path / "missing"), str(results), "-o", str(tmp_path / "c.html")])
+    with pytest.raises(SystemExit, match="same directory"):
+        gpulab_main(["compare", str(results), str(results), "-o", str(tmp_path / "c.html")])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match="holds no results"):
+        gpulab_main(["compare", str(empty), str(results), "-o", str(tmp_path / "c.html")])
+    assert not (tmp_path / "c.html").exists()
+
+
+def test_report_command_renders_from_a_results_directory(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "cpu").symlink_to(FIXTURE_RESULTS / "cpu", target_is_directory=True)
+    out = tmp_path / "again.html"
+    assert gpulab_main(["report", str(results), "-o", str(out)]) == 0
+    assert "Methodology &amp; reproduction" in out.read_text()
+
+
+def test_fixture_tables_still_match_the_steps_schemas():
+    """The recorded fixture run must be refreshed (see its README) when a step changes its columns."""
+    from report_fixtures import SCHEMAS
+
+    checked = 0
+    for relpath, schema in SCHEMAS.items():
+        for path in FIXTURE_RESULTS.glob(f"*/{relpath}"):
+            schema.read(path)
+            checked += 1
+    assert checked >= len(SCHEMAS)
+
+
+def test_fixture_readme_marks_synthetic_numbers(fixtures):
+    readme = (fixtures / "report/README.md").read_text()
+    assert "synthetic" in readme.lower() and SYNTHETIC_TARGET in readme
+    env = json.loads((FIXTURE_RESULTS / "cpu/env/env.json").read_text())
+    assert env["device"]["backend"] == "cpu" and not env["device"]["gpu_available"]

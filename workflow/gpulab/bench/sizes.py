@@ -1,0 +1,67 @@
+"""Problem sizes of the benchmark matrix: from config, or "auto" scaled to the device.
+
+Auto sizes always include the odd cases (98 432 elements, a 1823x781 softmax) that catch tail and
+masking bugs. On a GPU they climb in powers of four to the largest tensor the device comfortably holds
+(1/16 of its memory, at most 4 GiB per fp32 tensor: the unfused ``manual`` implementations keep several
+temporaries of that size alive), and include the study's 16384x16384 GeLU and the softmax shapes the
+performance targets name. On CPU they stay small so the default CPU run finishes in minutes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpulab.bench.ops import Shape, op_spec, parse_shape
+from gpulab.device import DeviceInfo
+
+MiB = 2**20
+ODD_ELEMENTS = 98_432
+ODD_ROWS = (1823, 781)
+STUDY_GELU_ELEMENTS = 16384 * 16384
+# Softmax shapes named by the performance targets: many short rows, a square-ish block, very wide rows.
+TARGET_SOFTMAX = [(16384, 1024), (4096, 16384), (65536, 256)]
+
+GPU_VECTOR = [ODD_ELEMENTS, 2**20, 2**24, 2**26, STUDY_GELU_ELEMENTS, 2**30]
+GPU_ROWS = [ODD_ROWS, (4096, 1024), *TARGET_SOFTMAX, (16384, 16384), (2048, 131072)]
+CPU_VECTOR = [ODD_ELEMENTS, 2**20, 2**22]
+CPU_ROWS = [ODD_ROWS, (1024, 1024), (64, 65536)]
+
+GPU_CAP_BYTES = 4096 * MiB
+CPU_CAP_BYTES = 16 * MiB
+FP32_BYTES = 4
+
+
+def max_tensor_bytes(info: DeviceInfo, setting: int | str = "auto") -> int:
+    """Largest fp32 tensor of the auto sizes, in bytes (``bench.max_tensor_mib``)."""
+    if setting != "auto":
+        return int(setting) * MiB
+    if not info.gpu_available:
+        return CPU_CAP_BYTES
+    if not info.total_memory_bytes:
+        return 1024 * MiB
+    return min(GPU_CAP_BYTES, info.total_memory_bytes // 16)
+
+
+def auto_sizes(op: str, info: DeviceInfo, max_bytes: int) -> list[Shape]:
+    spec = op_spec(op)
+    if spec.ndim == 1:
+        candidates = [(n,) for n in (GPU_VECTOR if info.gpu_available else CPU_VECTOR)]
+    else:
+        candidates = list(GPU_ROWS if info.gpu_available else CPU_ROWS)
+    shapes = [tuple(s) for s in candidates if spec.numel(tuple(s)) * FP32_BYTES <= max_bytes]
+    # Never an empty matrix: the odd size is small enough for any device.
+    return shapes or [tuple(candidates[0])]
+
+
+def resolve_sizes(op: str, sizes: str | Mapping[str, Sequence[Any]], info: DeviceInfo,
+                  max_tensor_mib: int | str = "auto") -> list[Shape]:
+    """The shapes one op is benchmarked at: ``bench.sizes`` ("auto" or per-op lists) on this device."""
+    if sizes == "auto" or (isinstance(sizes, Mapping) and op not in sizes):
+        return auto_sizes(op, info, max_tensor_bytes(info, max_tensor_mib))
+    if not isinstance(sizes, Mapping):
+        raise ValueError(f"bench.sizes must be 'auto' or a mapping of op to sizes, got {sizes!r}")
+    shapes = [parse_shape(op, value) for value in sizes[op]]
+    if not shapes:
+        raise ValueError(f"bench.sizes.{op} is empty")
+    return list(dict.fromkeys(shapes))

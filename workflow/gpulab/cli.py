@@ -1,0 +1,152 @@
+"""``gpulab``: render, compare and check reports outside Snakemake.
+
+    gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory
+    gpulab compare BASELINE NEW [-o reports/compare.html]    the same report with per-cell deltas
+    gpulab check-report REPORT [--screenshot PNG] [--pdf PDF] open it in headless Chromium and check it
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gpulab.config import ConfigError, load_config, validate_config
+from gpulab.paths import DEFAULT_CONFIG
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _config(path: str | None) -> dict[str, Any]:
+    """The given config file, else the repository's config.yaml, else the schema's defaults."""
+    if path is not None:
+        return load_config(path)
+    local = Path("config.yaml")
+    if local.is_file():
+        return load_config(local)
+    if DEFAULT_CONFIG.is_file():
+        return load_config(DEFAULT_CONFIG)
+    return validate_config({})
+
+
+def _results_dir(value: str, what: str) -> Path:
+    path = Path(value)
+    if not path.is_dir():
+        raise SystemExit(f"gpulab: {what} {value!r} is not a directory")
+    from gpulab.report.results import ResultsIndex
+
+    if not ResultsIndex(path).targets:
+        raise SystemExit(f"gpulab: {what} {value!r} holds no results (expected {value}/<target>/<step>/...)")
+    return path
+
+
+def _report(args: argparse.Namespace, command: str) -> int:
+    from gpulab.report.render import render_report
+
+    config = _config(args.config)
+    results = _results_dir(args.results or config["results_dir"], "results directory")
+    output = Path(args.output or config["report"]["output"])
+    rendered = render_report(results, output, config, command, title=args.title)
+    _summarise(rendered)
+    return 0
+
+
+def _compare(args: argparse.Namespace, command: str) -> int:
+    from gpulab.report.render import render_report
+
+    config = _config(args.config)
+    baseline = _results_dir(args.baseline, "baseline results")
+    new = _results_dir(args.new, "new results")
+    if baseline.resolve() == new.resolve():
+        raise SystemExit("gpulab: BASELINE and NEW are the same directory; nothing to compare")
+    title = args.title or f"{config['report']['title']}: {new} against {baseline}"
+    rendered = render_report(new, Path(args.output), config, command, baseline_dir=baseline, title=title)
+    _summarise(rendered)
+    return 0
+
+
+def _summarise(rendered: Any) -> None:
+    console.print(f"report written to [bold]{rendered.path}[/] ({rendered.size_bytes / 2**20:.2f} MB, "
+                  f"{len(rendered.sections)} sections)")
+    for error in rendered.errors:
+        console.print(f"[red]section {error['id']} could not be rendered:[/] {error['message']}")
+
+
+def _check(args: argparse.Namespace, _command: str) -> int:
+    from gpulab.report.browser import BrowserUnavailable, check_page
+
+    try:
+        check = check_page(args.report, screenshot=args.screenshot, pdf=args.pdf,
+                           expected_headings=args.expect or ())
+    except (BrowserUnavailable, FileNotFoundError) as exc:
+        console.print(f"[red]gpulab check-report: {exc}[/]")
+        return 2
+    console.print(f"{check.title}: {len(check.headings)} sections, {len(check.images)} images, "
+                  f"{check.height} px tall" + (f", PDF {check.pdf_pages} pages" if check.pdf else ""))
+    if check.screenshot:
+        console.print(f"screenshot: {check.screenshot}" + (" (cut at the capture limit)" if check.screenshot_truncated
+                                                           else ""))
+    for warning in check.console_warnings:
+        console.print(f"[yellow]console warning:[/] {warning}")
+    problems = check.problems()
+    for problem in problems:
+        console.print(f"[red]problem:[/] {problem}")
+    if not problems:
+        console.print("[green]ok:[/] no console errors, no network requests, every image decodes, "
+                      "every heading present")
+    return 1 if problems else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="gpulab", description=__doc__.split("\n\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
+
+    report = sub.add_parser("report", help="render the report from a results directory")
+    report.add_argument("results", nargs="?", help="results directory (default: results_dir of the config)")
+    report.add_argument("-o", "--output", help="HTML file to write (default: report.output of the config)")
+    report.add_argument("--config", help="config file (default: ./config.yaml)")
+    report.add_argument("--title", help="page title")
+    report.set_defaults(run=_report)
+
+    compare = sub.add_parser("compare", help="render the report of NEW with deltas against BASELINE, flagging "
+                                             "changes larger than the measured spread")
+    compare.add_argument("baseline", metavar="RESULTS_A", help="baseline results directory")
+    compare.add_argument("new", metavar="RESULTS_B", help="new results directory")
+    compare.add_argument("-o", "--output", default="reports/compare.html", help="HTML file (default: %(default)s)")
+    compare.add_argument("--config", help="config file (default: ./config.yaml)")
+    compare.add_argument("--title", help="page title")
+    compare.set_defaults(run=_compare)
+
+    check = sub.add_parser("check-report", help="open a report in headless Chromium and check it")
+    check.add_argument("report", help="HTML report")
+    check.add_argument("--screenshot", help="write a full-page PNG screenshot here")
+    check.add_argument("--pdf", help="write the printed PDF here")
+    check.add_argument("--expect", action="append", metavar="HEADING", help="a section heading that must be present")
+    check.set_defaults(run=_check)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    command = shlex.join(["gpulab", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.run(args, command)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/]")
+        return 2
+    except Exception as exc:
+        from gpulab.report.render import ReportError
+
+        if isinstance(exc, ReportError):
+            console.print(f"[red]gpulab: {exc}[/]")
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

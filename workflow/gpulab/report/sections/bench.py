@@ -1,0 +1,300 @@
+"""Kernel benchmarks: per op, achieved bandwidth against the measured copy ceiling, speed-ups over
+``native``, the correctness gate's findings, the study's GeLU figures beside ours, and the performance
+goals of the benchmark issue checked against the rows."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from gpulab.ceilings import Ceilings
+from gpulab.report import plots
+
+ORDER = 40
+ID = "bench"
+TITLE = "Kernel benchmarks"
+TEMPLATE = "bench.html.j2"
+
+OPS = ("gelu", "softmax", "add")
+DTYPES = ("fp32", "fp16", "bf16")
+BASELINE = "native"
+OP_TITLES = {
+    "gelu": "GeLU (tanh approximation)",
+    "softmax": "Softmax over the rows of a 2-D tensor",
+    "add": "Vector add",
+}
+# The lecture's GeLU on a 16384x16384 fp32 tensor (a 2^28-element vector here), in ms.
+STUDY_GELU_ELEMENTS = 16384 * 16384
+STUDY_GELU = (
+    ("manual", "manual_gelu (unfused PyTorch)", 8.1),
+    ("native", "pytorch_gelu (F.gelu, fused)", 1.1),
+    ("cpp_ext", "CUDA C++ kernel (load_inline)", 1.8),
+    ("triton", "Triton kernel", 1.8),
+    ("torch_compile", "torch.compile(manual_gelu)", 1.47),
+)
+# Goals of the benchmark issue (set for an H100): share of the measured copy bandwidth at tensors of
+# 256 MiB and more (GeLU, add) or at the named softmax shapes, and at most 3% slower than the best of
+# native and torch_compile in the same cell.
+GOAL_IMPLS = ("triton", "cpp_ext")
+GOAL_MIN_BYTES = 256 * 2**20
+GOAL_PCT = {"gelu": 90.0, "add": 90.0, "softmax": 85.0}
+GOAL_SOFTMAX_SHAPES = ("16384x1024", "4096x16384", "65536x256")
+GOAL_SOFTMAX_DTYPES = ("fp32", "bf16")
+GOAL_SLOWDOWN = 1.03
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"] if not df.empty else df
+
+
+def _size_order(df: pd.DataFrame) -> list[str]:
+    return list(df.sort_values("numel")["size"].astype(str).drop_duplicates())
+
+
+SAME_BYTES = "copy (same bytes)"
+
+
+def with_same_bytes_copy(df: pd.DataFrame, ceilings: pd.DataFrame) -> pd.DataFrame:
+    """Add ``copy_same_bytes_gbps``: the copy bandwidth measured on the row's target when moving as many
+    bytes as the row's op must (from the copy curve of bench/ceilings.csv), and the row's share of it.
+    Small cases cannot reach the big copy's rate (launch and tail effects); this says what they can."""
+    out = df.copy()
+    out["copy_same_bytes_gbps"] = math.nan
+    if ceilings.empty or "kind" not in ceilings.columns or out.empty:
+        out["pct_of_same_bytes_copy"] = math.nan
+        return out
+    for target, rows in out.groupby("target"):
+        mine = ceilings[ceilings["target"] == target]
+        if mine.empty:
+            continue
+        table = Ceilings(mine.reset_index(drop=True))
+        out.loc[rows.index, "copy_same_bytes_gbps"] = [table.copy_gbps_for(b) for b in rows["bytes_moved"]]
+    out["pct_of_same_bytes_copy"] = 100 * out["gbps"] / out["copy_same_bytes_gbps"]
+    return out
+
+
+def shape_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,
+                 ylow: str, yhigh: str, ylabel: str, alt: str, caption: str, data_columns: list[str],
+                 **_: Any) -> plots.Figure:
+    """GB/s per 2-D shape (in size order, one panel per dtype): softmax shapes of equal byte size
+    (16384x1024 and 65536x256) would stack on a numeric size axis, so the axis names the shapes."""
+    import matplotlib.pyplot as plt
+
+    ok = df[df["status"] == "ok"]
+    order = list(ok.sort_values(["tensor_bytes", "numel"])["size"].astype(str).drop_duplicates())
+    position = {shape: i for i, shape in enumerate(order)}
+    names = plots.series_order(ok[hue].astype(str).unique())
+    colors = plots.series_colors(names)
+    fig, axes = plt.subplots(1, len(facets), figsize=(plots.FIG_WIDTH_IN, plots.PANEL_HEIGHT_IN + 0.4),
+                             sharey=True, squeeze=False)
+    for ax, facet in zip(axes[0], facets, strict=True):
+        part = ok[ok[col] == facet]
+        for name in names:
+            line = part[part[hue].astype(str) == name].assign(pos=lambda d: d["size"].astype(str).map(position))
+            line = line.sort_values("pos")
+            if line.empty:
+                continue
+            same_bytes = name == SAME_BYTES
+            ax.plot(line["pos"], line[y], marker="o", markersize=4, linewidth=1.6, color=colors[name], label=name,
+                    linestyle=":" if same_bytes else "-")
+            if not same_bytes:
+                ax.fill_between(line["pos"], line[ylow], line[yhigh], color=colors[name], alpha=0.18, linewidth=0)
+        for label, value in ceilings.get(facet, {}).items():
+            plots.draw_ceiling(ax, value, label)
+        ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
+        ax.set_title(facet)
+        ax.set_xlabel("shape (rows x cols), by size")
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel(ylabel)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 7), frameon=False, bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
+    return plots.embed(fig, alt, caption, df[[c for c in data_columns if c in df.columns]])
+
+
+def speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Per ok cell: how many times faster than ``native`` on the same target, size and dtype."""
+    ok = _ok(df)
+    keys = ["target", "op", "size", "dtype"]
+    base = ok[ok["impl"] == BASELINE][[*keys, "median_ms"]].rename(columns={"median_ms": "native_ms"})
+    out = ok.merge(base, on=keys, how="inner")
+    out["speedup"] = out["native_ms"] / out["median_ms"]
+    return out[[*keys, "numel", "impl", "median_ms", "native_ms", "speedup"]]
+
+
+def fastest(df: pd.DataFrame) -> pd.DataFrame:
+    """The fastest correct implementation per target, size and dtype (incorrect rows never qualify)."""
+    ok = _ok(df)
+    if ok.empty:
+        return pd.DataFrame()
+    best = ok.loc[ok.groupby(["target", "size", "dtype"])["median_ms"].idxmin()]
+    native = ok[ok["impl"] == BASELINE].set_index(["target", "size", "dtype"])["median_ms"]
+    best = best.assign(vs_native=[native.get((t, s, d), math.nan) / m for t, s, d, m in
+                                  best[["target", "size", "dtype", "median_ms"]].itertuples(index=False)])
+    best = best.sort_values(["target", "numel", "dtype"])
+    return pd.DataFrame({
+        "target": best["target"], "size": best["size"], "dtype": best["dtype"], "fastest": best["impl"],
+        "median ms": best["median_ms"], "GB/s": best["gbps"], "% of copy BW": best["pct_of_copy_bw"],
+        "% of same-bytes copy": best.get("pct_of_same_bytes_copy"), "× native": best["vs_native"],
+    })
+
+
+def correctness(df: pd.DataFrame) -> pd.DataFrame:
+    """The gate's findings per target, implementation and dtype: cases checked, failures, worst error."""
+    rows = []
+    for (target, impl, dtype), group in df.groupby(["target", "impl", "dtype"], sort=False):
+        checked = group[group["status"].isin(["ok", "incorrect"])]
+        errors = pd.to_numeric(checked["rel_err"], errors="coerce")
+        rows.append({
+            "target": target, "impl": impl, "dtype": dtype, "cases": len(group), "checked": len(checked),
+            "passed": int((group["status"] == "ok").sum()), "incorrect": int((group["status"] == "incorrect").sum()),
+            "worst rel. error": float(errors.max()) if errors.notna().any() else math.nan,
+            "tolerance": float(pd.to_numeric(group["tolerance"], errors="coerce").max()),
+            "not checked": ", ".join(f"{n} {s}" for s, n in group["status"].value_counts().items()
+                                     if s not in ("ok", "incorrect")),
+        })
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    order = {name: i for i, name in enumerate(plots.series_order(out["impl"]))}
+    return out.sort_values(["target", "impl", "dtype"], key=lambda s: s.map(order) if s.name == "impl" else
+                           s.map({d: i for i, d in enumerate(DTYPES)}) if s.name == "dtype" else s)
+
+
+def problems(df: pd.DataFrame) -> pd.DataFrame:
+    bad = df[df["status"] != "ok"]
+    if bad.empty:
+        return pd.DataFrame()
+    grouped = bad.groupby(["target", "impl", "status", "reason"], sort=False)
+    return pd.DataFrame([{"target": t, "impl": i, "status": s, "cases": len(g),
+                          "sizes": ", ".join(dict.fromkeys(g["size"].astype(str))), "reason": r}
+                         for (t, i, s, r), g in grouped])
+
+
+def study_gelu(gelu: pd.DataFrame, targets: list[str]) -> pd.DataFrame:
+    """The lecture's GeLU timings next to ours at the same size (2^28 elements, fp32)."""
+    ok = _ok(gelu)
+    if not ok.empty:
+        ok = ok[(pd.to_numeric(ok["numel"]) == STUDY_GELU_ELEMENTS) & (ok["dtype"] == "fp32")]
+    rows = []
+    for impl, label, study_ms in STUDY_GELU:
+        row: dict[str, Any] = {"impl": impl, "study": label, "study (ms)": study_ms,
+                               "study × manual": STUDY_GELU[0][2] / study_ms}
+        for target in targets:
+            hit = ok[(ok["target"] == target) & (ok["impl"] == impl)] if not ok.empty else ok
+            ours = float(hit["median_ms"].iloc[0]) if not hit.empty else math.nan
+            manual = ok[(ok["target"] == target) & (ok["impl"] == "manual")] if not ok.empty else ok
+            manual_ms = float(manual["median_ms"].iloc[0]) if not manual.empty else math.nan
+            row[f"{target} (ms)"] = ours
+            row[f"{target} × manual"] = manual_ms / ours if ours == ours else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
+    """Each goal cell of the issue on each GPU target: % of copy bandwidth, ratio to the best of native
+    and torch_compile, and whether both goals are met."""
+    ok = _ok(df)
+    if ok.empty:
+        return pd.DataFrame()
+    ok = ok[ok["target"].isin(gpu_targets)]
+    keys = ["target", "op", "size", "dtype"]
+    reference = ok[ok["impl"].isin([BASELINE, "torch_compile"])].groupby(keys)["median_ms"].min()
+    wanted = (ok["impl"].isin(GOAL_IMPLS)) & (
+        ((ok["op"] != "softmax") & (pd.to_numeric(ok["tensor_bytes"]) >= GOAL_MIN_BYTES))
+        | ((ok["op"] == "softmax") & ok["size"].astype(str).isin(GOAL_SOFTMAX_SHAPES)
+           & ok["dtype"].isin(GOAL_SOFTMAX_DTYPES)))
+    rows = []
+    for r in ok[wanted].sort_values(["target", "op", "impl", "numel", "dtype"]).itertuples(index=False):
+        best_ms = reference.get((r.target, r.op, r.size, r.dtype), math.nan)
+        slowdown = r.median_ms / best_ms if best_ms == best_ms else math.nan
+        pct_goal = GOAL_PCT[r.op]
+        misses = [what for what, missed in (("bandwidth", not r.pct_of_copy_bw >= pct_goal),
+                                            ("vs native/compile", slowdown > GOAL_SLOWDOWN)) if missed]
+        rows.append({"target": r.target, "op": r.op, "impl": r.impl, "size": r.size, "dtype": r.dtype,
+                     "GB/s": r.gbps, "% of copy BW": r.pct_of_copy_bw, "goal %": pct_goal,
+                     "% of same-bytes copy": getattr(r, "pct_of_same_bytes_copy", math.nan),
+                     "% slower than best(native, compile)": 100 * (slowdown - 1),
+                     "verdict": "missed: " + ", ".join(misses) if misses else "met"})
+    return pd.DataFrame(rows)
+
+
+def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, label: str) -> list[plots.Figure]:
+    mine = df[df["target"] == target]
+    dtypes = [d for d in DTYPES if d in set(mine["dtype"])]
+    lines: dict[str, dict[str, float]] = {}
+    if not ceilings.empty:
+        copies = _ok(ceilings[(ceilings["target"] == target) & (ceilings["kind"] == "copy")])
+        for row in copies.itertuples(index=False):
+            lines[str(row.dtype)] = {"copy (measured)": float(row.gbps)}
+    figures = []
+    if not _ok(mine).empty:
+        curve = _ok(mine).drop_duplicates(["size", "dtype"])
+        curve = curve[curve["copy_same_bytes_gbps"].notna()] if "copy_same_bytes_gbps" in curve else curve.iloc[0:0]
+        curve = curve.assign(impl=SAME_BYTES, gbps=curve.get("copy_same_bytes_gbps"), gbps_p10=math.nan,
+                             gbps_p90=math.nan, median_ms=math.nan, pct_of_copy_bw=math.nan, rel_err=math.nan)
+        plotted = pd.concat([mine, curve], ignore_index=True) if not curve.empty else mine
+        draw = shape_figure if op == "softmax" else plots.metric_vs_size
+        figures.append(draw(
+            plotted, x="tensor_bytes", y="gbps", hue="impl", col="dtype", facets=dtypes, ceilings=lines,
+            ylow="gbps_p10", yhigh="gbps_p90", xformat="bytes", xlabel="input tensor size",
+            ylabel="GB/s (fewest bytes / median)", alt=f"{op}: achieved bandwidth against input size per "
+            f"implementation and dtype on {label}, with the measured copy bandwidth dashed",
+            caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dashed: the device-to-device copy bandwidth "
+                    f"measured on this machine (bytes read + written, 1 GiB buffers); '{SAME_BYTES}': the same copy "
+                    "measured moving as many bytes as the op must at that size.",
+            data_columns=["impl", "size", "dtype", "status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "gbps",
+                          "pct_of_copy_bw", "pct_of_same_bytes_copy", "rel_err", "cold_call_ms", "reason"]))
+    ups = speedups(mine)
+    ups = ups[ups["impl"] != BASELINE]
+    if not ups.empty:
+        ups = ups.assign(size=pd.Categorical(ups["size"].astype(str), categories=_size_order(ups), ordered=True))
+        figures.append(plots.ratio_heatmap(
+            ups, index="size", columns="impl", values="speedup", col="dtype", facets=dtypes,
+            label=f"{op}: speed-up over native (×, median time; above 1 is faster)",
+            alt=f"{op}: heatmap of each implementation's speed-up over native per size and dtype on {label}",
+            caption=f"{label}. Only cells whose output passed the correctness gate are shown."))
+    return figures
+
+
+def build(ctx: Any) -> dict[str, Any] | None:
+    frames = {op: ctx.results.table(f"bench/{op}.csv") for op in OPS}
+    frames = {op: df for op, df in frames.items() if not df.empty}
+    if not frames:
+        return None
+    ceilings = ctx.results.table("bench/ceilings.csv")
+    # Vector sizes read back as integers, softmax shapes as text: one type for the column.
+    frames = {op: with_same_bytes_copy(df.assign(size=df["size"].astype(str)), ceilings)
+              for op, df in frames.items()}
+    targets = [t for t in ctx.results.targets if any(t in set(df["target"]) for df in frames.values())]
+    labels = ctx.target_labels
+    ops = []
+    for op, df in frames.items():
+        per_target = []
+        for target in [t for t in targets if t in set(df["target"])]:
+            mine = df[df["target"] == target]
+            per_target.append({
+                "name": target, "label": labels.get(target, target),
+                "figures": op_figures(df, ceilings, op, target, labels.get(target, target)),
+                "counts": mine["status"].value_counts().to_dict(),
+                "sizes": ", ".join(_size_order(mine)),
+            })
+        ops.append({"op": op, "title": OP_TITLES.get(op, op), "targets": per_target, "fastest": fastest(df),
+                    "correctness": correctness(df), "problems": problems(df)})
+    everything = pd.concat(frames.values(), ignore_index=True)
+    gpu_targets = [t for t in targets if (ctx.devices.get(t) or {}).get("gpu_available")]
+    study = study_gelu(frames.get("gelu", pd.DataFrame()), targets)
+    ours = study[[f"{t} (ms)" for t in targets]] if targets else pd.DataFrame()
+    ceiling_rows = ceilings[[c for c in ("target", "kind", "dtype", "size", "status", "gbps", "tflops", "median_ms",
+                                         "cv", "reps", "reason") if c in ceilings.columns]]
+    return {
+        "ops": ops,
+        "study": study,
+        "study_measured": bool(ours.notna().any().any()) if not ours.empty else False,
+        "goals": goals(everything, gpu_targets),
+        "gpu_targets": gpu_targets,
+        "ceilings": ceiling_rows,
+        "links": {t: ctx.link(ctx.results.path(t, "bench")) for t in targets},
+    }

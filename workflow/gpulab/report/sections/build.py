@@ -1,0 +1,173 @@
+"""Build: the toolchains found, the standalone HIP program, the PyTorch extension (build times and
+correctness), and the tutorial's timing experiment next to a proper measurement."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from gpulab.report import plots
+from gpulab.timing_pitfalls import STUDY_MS, TUTORIAL_SIZE
+
+ORDER = 30
+ID = "build"
+TITLE = "Build: standalone HIP program and PyTorch extension"
+TEMPLATE = "build.html.j2"
+
+METHOD_LABELS = {
+    "tutorial": "tutorial: 1 cold call, custom op first",
+    "tutorial_reversed": "tutorial: 1 cold call, x + y first",
+    "measured": "measured: warm-up, device events, median",
+}
+
+
+def _rows(df: pd.DataFrame, target: str) -> pd.DataFrame:
+    if df.empty or "target" not in df.columns:
+        return pd.DataFrame()
+    return df[df["target"] == target].reset_index(drop=True)
+
+
+def _num(value: Any) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return out
+
+
+def toolchain_table(standalone: pd.DataFrame, extension: pd.DataFrame) -> pd.DataFrame:
+    """One row per build: what compiled what, for which arch, how long it took, and the outcome."""
+    rows = []
+    build = standalone[standalone["phase"] == "build"] if not standalone.empty else standalone
+    for r in build.itertuples():
+        rows.append({"build": "standalone vector_add", "compiler": f"{r.compiler or ''} {r.compiler_version or ''}"
+                     .strip() if isinstance(r.compiler, str) else "", "arch": r.arch if isinstance(r.arch, str) else "",
+                     "seconds": _num(r.build_s), "cached": False, "status": r.status, "reason": r.reason})
+    for r in (extension.itertuples() if not extension.empty else []):
+        rows.append({"build": f"extension ({r.phase.replace('_', ' ')})",
+                     "compiler": r.compiler if isinstance(r.compiler, str) else "",
+                     "arch": r.arch if isinstance(r.arch, str) else "", "seconds": _num(r.seconds),
+                     "cached": bool(r.cached) if r.cached == r.cached else False, "status": r.status,
+                     "reason": r.reason})
+    return pd.DataFrame(rows, columns=["build", "compiler", "arch", "seconds", "cached", "status", "reason"])
+
+
+def standalone_runs(standalone: pd.DataFrame) -> pd.DataFrame:
+    if standalone.empty:
+        return pd.DataFrame()
+    runs = standalone[standalone["phase"] == "run"]
+    columns = ["size", "status", "correct", "kernel_ms", "gbps", "p10_ms", "p90_ms", "reps", "first_call_ms",
+               "reason"]
+    return runs[[c for c in columns if c in runs.columns]].reset_index(drop=True)
+
+
+def checks_summary(checks: pd.DataFrame) -> pd.DataFrame:
+    """Per op and dtype: cases checked, how many were within tolerance, and the worst errors."""
+    if checks.empty or "op" not in checks.columns or checks["op"].isna().all():
+        return pd.DataFrame()
+    grouped = checks.groupby(["op", "dtype", "device"], sort=True)
+    return grouped.agg(cases=("status", "size"), within_tolerance=("status", lambda s: int((s == "ok").sum())),
+                       worst_rel_err=("rel_err", "max"), worst_abs_err=("max_abs_err", "max"),
+                       worst_diff_vs_pytorch=("max_abs_diff_native", "max")).reset_index()
+
+
+def pitfalls_story(pit: pd.DataFrame) -> dict[str, Any] | None:
+    """The numbers the explanation quotes: the tutorial's apparent speed-up and the measured one."""
+    if pit.empty or not (pit["status"] == "ok").any():
+        return None
+    ok = pit[pit["status"] == "ok"]
+
+    def ms(method: str, impl: str) -> float:
+        hit = ok[(ok["method"] == method) & (ok["impl"] == impl)]
+        return float(hit["ms"].iloc[0]) if not hit.empty else math.nan
+
+    measured = ok[ok["method"] == "measured"]
+    reps = int(measured["reps"].min()) if not measured.empty else 0
+    story = {
+        "tutorial_custom": ms("tutorial", "cpp_ext"), "tutorial_native": ms("tutorial", "native"),
+        "reversed_custom": ms("tutorial_reversed", "cpp_ext"), "reversed_native": ms("tutorial_reversed", "native"),
+        "measured_custom": ms("measured", "cpp_ext"), "measured_native": ms("measured", "native"),
+        "reps": reps, "device": str(ok["device"].iloc[0]), "size": int(ok["size"].iloc[0]),
+        "timer": str(measured["timer"].iloc[0]) if not measured.empty else "",
+    }
+    story["tutorial_speedup"] = story["tutorial_native"] / story["tutorial_custom"]
+    story["reversed_speedup"] = story["reversed_native"] / story["reversed_custom"]
+    story["measured_speedup"] = story["measured_native"] / story["measured_custom"]
+    story["native_faster_pct"] = 100 * (story["measured_custom"] / story["measured_native"] - 1)
+    return story
+
+
+def pitfalls_figure(pit: pd.DataFrame, target: str) -> plots.Figure | None:
+    ok = pit[pit["status"] == "ok"]
+    if ok.empty:
+        return None
+    methods = [m for m in METHOD_LABELS if m in set(ok["method"])]
+    impls = ["cpp_ext", "native"]
+    colors = plots.series_colors(impls)
+    fig, ax = plt.subplots(figsize=(plots.FIG_WIDTH_IN * 0.75, plots.PANEL_HEIGHT_IN))
+    width = 0.38
+    for i, impl in enumerate(impls):
+        for j, method in enumerate(methods):
+            cell = ok[(ok["method"] == method) & (ok["impl"] == impl)]
+            if cell.empty:
+                continue
+            value = float(cell["ms"].iloc[0])
+            pos = j - 0.2 + width * i
+            ax.bar(pos, value, width=width * 0.92, color=colors[impl], label=impl if j == 0 else None, zorder=2)
+            ax.annotate(f"{value:.3g}", (pos, value), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                        textcoords="offset points")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(methods)), [METHOD_LABELS[m] for m in methods], fontsize=8)
+    ax.set_ylabel("reported time (ms, log scale)")
+    ax.set_title(target, loc="left")
+    ax.legend(title="implementation", frameon=False)
+    data = ok[["method", "impl", "call_order", "ms", "speedup_vs_native", "reps", "timer", "correct"]]
+    return plots.embed(fig, f"Custom add vs x + y on {target}: the tutorial's cold single calls against the "
+                            "median of properly timed repetitions", data=data)
+
+
+def build(ctx: Any) -> dict[str, Any] | None:
+    standalone = ctx.results.table("build/hip_standalone.csv")
+    extension = ctx.results.table("build/extension.csv")
+    checks = ctx.results.table("build/extension_checks.csv")
+    pitfalls = ctx.results.table("build/timing_pitfalls.csv")
+    frames = (standalone, extension, checks, pitfalls)
+    present = [t for t in ctx.results.targets if any(not _rows(f, t).empty for f in frames)]
+    if not present:
+        return None
+    labels = getattr(ctx, "target_labels", {}) or {}
+    targets = []
+    for target in present:
+        sa, ext, chk, pit = (_rows(f, target) for f in frames)
+        build_dir = ctx.results.path(target, "build")
+        logs = [{"name": name, "href": ctx.link(build_dir / name)}
+                for name in ("hip_standalone_build.log", "hip_standalone_run.log", "extension_build.log")
+                if (build_dir / name).is_file()]
+        incorrect = chk[chk["status"] == "incorrect"] if not chk.empty else chk
+        skipped_checks = chk[chk["status"] == "skipped"] if not chk.empty else chk
+        targets.append({
+            "name": target,
+            "label": labels.get(target, target),
+            "toolchains": toolchain_table(sa, ext),
+            "runs": standalone_runs(sa),
+            "run_skipped": (not sa.empty and (sa[sa["phase"] == "run"]["status"] == "skipped").all()),
+            "run_reason": (sa[sa["phase"] == "run"]["reason"].iloc[0] if not sa.empty and
+                           not sa[sa["phase"] == "run"].empty else ""),
+            "command": (sa[sa["phase"] == "build"]["command"].iloc[0] if not sa.empty and "command" in sa and
+                        isinstance(sa[sa["phase"] == "build"]["command"].iloc[0], str) else ""),
+            "checks": checks_summary(chk),
+            "checks_total": len(chk) if not chk.empty else 0,
+            "checks_ok": int((chk["status"] == "ok").sum()) if not chk.empty else 0,
+            "checks_skipped_reason": skipped_checks["reason"].iloc[0] if not skipped_checks.empty else "",
+            "incorrect": incorrect[[c for c in ("op", "dtype", "shape", "layout", "max_abs_err", "rel_err", "reason")
+                                    if c in incorrect.columns]] if not incorrect.empty else pd.DataFrame(),
+            "story": pitfalls_story(pit) if not pit.empty else None,
+            "pitfalls_reason": (pit["reason"].iloc[0] if not pit.empty and (pit["status"] != "ok").all() else ""),
+            "pitfalls_figure": pitfalls_figure(pit, labels.get(target, target)) if not pit.empty else None,
+            "pitfalls": pit,
+            "logs": logs,
+        })
+    return {"targets": targets, "study_ms": STUDY_MS, "tutorial_size": TUTORIAL_SIZE}

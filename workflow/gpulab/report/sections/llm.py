@@ -1,0 +1,177 @@
+"""LLM inference: the study's Qwen run beside ours, llama-bench-style figures per engine against the
+copy-bandwidth roofline, the greedy correctness check, and which weights every row used."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+from gpulab.llm import study
+from gpulab.report import plots
+
+ORDER = 60
+ID = "llm"
+TITLE = "LLM inference"
+TEMPLATE = "llm.html.j2"
+
+MODEL_LABEL = "model [weights]"
+SOURCE_LABELS = {"real": "real weights", "random": "random weights (speed and memory only)",
+                 "tiny": "tiny built-in model"}
+
+
+def _label(row: pd.Series) -> str:
+    return f"{row['model']} [{row['model_source']}]"
+
+
+def _tests(df: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    return df[df["test"].astype(str).str.startswith(prefix)]
+
+
+def bench_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per target, model and engine: pp and tg tokens/s (mean ± sd), TTFT, memory, roofline."""
+    rows = []
+    for (target, model, engine), group in df.groupby(["target", "model", "engine"], sort=False):
+        def pick(prefix: str, g: pd.DataFrame = group) -> pd.Series | None:
+            hit = _tests(g, prefix)
+            return hit.iloc[0] if not hit.empty else None
+
+        pp, tg, ttft, run = pick("pp"), pick("tg"), pick("ttft"), pick("study")
+        first = group.iloc[0]
+        statuses = sorted(set(group["status"].astype(str)))
+        rows.append({
+            "target": target,
+            "model": model,
+            "weights": first.get("model_source"),
+            "engine": engine,
+            "status": "ok" if statuses == ["ok"] else ", ".join(s for s in statuses if s != "ok"),
+            "pp": str(pp["test"]) if pp is not None else "–",
+            "pp tok/s": _mean_sd(pp),
+            "tg": str(tg["test"]) if tg is not None else "–",
+            "tg tok/s": _mean_sd(tg),
+            "TTFT (ms)": _num(ttft, "mean_ms"),
+            "study tok/s": _num(run, "tok_s"),
+            "decode GB/s": _num(tg, "gbps"),
+            "% of copy roofline": _num(tg, "pct_of_copy_bw"),
+            "roofline tok/s": _num(tg, "roofline_tok_s"),
+            "peak alloc (GiB)": pd.to_numeric(group.get("peak_alloc_gib"), errors="coerce").max(),
+            "peak reserved (GiB)": pd.to_numeric(group.get("peak_reserved_gib"), errors="coerce").max(),
+            "load (s)": _num(first, "load_s"),
+            "how": first.get("engine_detail"),
+        })
+    return pd.DataFrame(rows)
+
+
+def _num(row: pd.Series | None, column: str) -> float:
+    if row is None or column not in row:
+        return math.nan
+    value = pd.to_numeric(pd.Series([row[column]]), errors="coerce").iloc[0]
+    return float(value)
+
+
+def _mean_sd(row: pd.Series | None) -> str:
+    mean, sd = _num(row, "tok_s"), _num(row, "tok_s_sd")
+    if math.isnan(mean):
+        return "–"
+    return f"{mean:,.1f} ± {sd:,.1f}" if not math.isnan(sd) else f"{mean:,.1f}"
+
+
+def study_rows(df: pd.DataFrame, responses: dict[tuple[str, str, str], str]) -> list[dict[str, Any]]:
+    """The study's reported run first, then every study row measured here, with its response."""
+    reported = study.REPORTED
+    rows = [{"who": "the study", "target": "–", "device": reported["device"], "model": reported["model"],
+             "weights": "real", "engine": reported["engine"], "n_gen": None, "tok_s": reported["tok_s"],
+             "peak_alloc_gib": reported["peak_alloc_gib"], "load_s": reported["load_s"], "pct": math.nan,
+             "status": "ok", "reason": "", "response": reported["response"]}]
+    for row in _tests(df, "study").itertuples():
+        rows.append({"who": "this run", "target": row.target, "device": getattr(row, "device", "–"),
+                     "model": row.model, "weights": row.model_source, "engine": row.engine,
+                     "n_gen": getattr(row, "n_gen", None), "tok_s": getattr(row, "tok_s", math.nan),
+                     "peak_alloc_gib": getattr(row, "peak_alloc_gib", math.nan),
+                     "load_s": getattr(row, "load_s", math.nan), "pct": getattr(row, "pct_of_copy_bw", math.nan),
+                     "status": row.status, "reason": row.reason,
+                     "response": responses.get((row.target, row.model, row.engine), "")})
+    return rows
+
+
+def _responses(ctx: Any, df: pd.DataFrame) -> tuple[dict[tuple[str, str, str], str], dict[tuple[str, str], Any]]:
+    """Study responses and greedy texts from the JSON files beside the CSVs."""
+    responses: dict[tuple[str, str, str], str] = {}
+    settings: dict[tuple[str, str], Any] = {}
+    for row in df.drop_duplicates(["target", "model", "engine"]).itertuples():
+        name = getattr(row, "text_file", None)
+        if not isinstance(name, str):
+            continue
+        path = ctx.results.path(row.target, f"llm/{name}")
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        run = document.get("study") or {}
+        responses[(row.target, row.model, row.engine)] = run.get("response", "")
+        if run:
+            settings[(row.target, row.model)] = {"sampling": _sampling_text(run.get("sampling") or {}),
+                                                 "n_prompt": run.get("n_prompt"),
+                                                 "max_new_tokens": run.get("max_new_tokens")}
+    return responses, settings
+
+
+def _sampling_text(sampling: dict[str, Any]) -> str:
+    if not sampling.get("do_sample"):
+        return "greedy"
+    return (f"sampling at temperature {sampling.get('temperature')}, top-k {sampling.get('top_k') or 'off'}, "
+            f"top-p {sampling.get('top_p')}, repetition penalty {sampling.get('repetition_penalty')}")
+
+
+def build(ctx: Any) -> dict[str, Any] | None:
+    df = ctx.results.tables("llm/*.csv")
+    if df.empty or "test" not in df.columns:
+        return None
+    df = df.copy()
+    df[MODEL_LABEL] = df.apply(_label, axis=1)
+    responses, settings = _responses(ctx, df)
+    labels = getattr(ctx, "target_labels", None)
+    tg = _tests(df, "tg").copy()
+    tg["tok_s_low"] = tg["tok_s"] - tg["tok_s_sd"].fillna(0)
+    tg["tok_s_high"] = tg["tok_s"] + tg["tok_s_sd"].fillna(0)
+    pp = _tests(df, "pp").copy()
+    pp["tok_s_low"] = pp["tok_s"] - pp["tok_s_sd"].fillna(0)
+    pp["tok_s_high"] = pp["tok_s"] + pp["tok_s_sd"].fillna(0)
+    figures = []
+    if not tg.empty:
+        figures.append(plots.bars_by_target(
+            tg, x=MODEL_LABEL, y="tok_s", hue="engine", ylabel="decode tokens/s (tg, mean ± sd)",
+            alt="Decode tokens per second per model and engine, each bar against its copy-bandwidth roofline",
+            caption="Generation forced to its length after a one-token prompt. The dash over each bar is the "
+                    "roofline: measured copy bandwidth / weight bytes (every token reads every weight once).",
+            ceiling_col="roofline_tok_s", ceiling_label="copy-bandwidth roofline", err_low="tok_s_low",
+            err_high="tok_s_high", facet_titles=labels, value_format="{:.1f}",
+            data_columns=["target", "model", "model_source", "engine", "test", "status", "tok_s", "tok_s_sd",
+                          "gbps", "copy_gbps", "roofline_tok_s", "pct_of_copy_bw", "reps", "timer"]))
+    if not pp.empty:
+        figures.append(plots.bars_by_target(
+            pp, x=MODEL_LABEL, y="tok_s", hue="engine", ylabel="prefill tokens/s (pp, mean ± sd)",
+            alt="Prompt-processing tokens per second per model and engine", err_low="tok_s_low",
+            err_high="tok_s_high", facet_titles=labels, value_format="{:.0f}",
+            data_columns=["target", "model", "model_source", "engine", "test", "status", "tok_s", "tok_s_sd",
+                          "mean_ms", "reps", "timer"]))
+    checks = _tests(df, "greedy")
+    check_table = checks[[c for c in ("target", "model", "model_source", "engine", "test", "status", "tokens_match",
+                                      "first_mismatch", "reason") if c in checks.columns]]
+    kernels = df.drop_duplicates(["target", "model", "engine"])
+    kernel_table = kernels[[c for c in ("target", "model", "engine", "device", "dtype", "attn_impl", "sdpa_kernel",
+                                        "aotriton_experimental", "engine_detail") if c in kernels.columns]]
+    sources = sorted(set(df["model_source"].dropna().astype(str)))
+    return {
+        "study": study,
+        "study_rows": study_rows(df, responses),
+        "settings": [{"target": t, "model": m, **v} for (t, m), v in settings.items()],
+        "bench": bench_table(df),
+        "figures": figures,
+        "checks": check_table,
+        "kernels": kernel_table,
+        "sources": [{"name": s, "label": SOURCE_LABELS.get(s, s)} for s in sources],
+        "all_rows": df.drop(columns=[MODEL_LABEL, "source"], errors="ignore"),
+    }

@@ -1,0 +1,95 @@
+BENCH_OPS = config["bench"]["ops"]
+BENCH_IMPLS = config["bench"]["impls"]
+BENCH_SIZES = config["bench"]["sizes"]
+EXTENSION_CSV = result("build/extension.csv")
+
+
+wildcard_constraints:
+    op="|".join(BENCH_OPS),
+    impl="|".join(BENCH_IMPLS),
+
+
+rule bench_ceilings:
+    input:
+        env=result("env/env.json"),
+    output:
+        report(
+            result("bench/ceilings.csv"),
+            caption="../report/ceilings.rst",
+            category="Benchmarks",
+        ),
+    log:
+        log_of("bench_ceilings"),
+    conda:
+        CONDA_ENV
+    resources:
+        **gpu_resources,
+    params:
+        ceilings=config["ceilings"],
+        timing=config["timing"],
+        strict=config["strict"],
+    script:
+        "../scripts/bench_ceilings.py"
+
+
+rule bench_cell:
+    input:
+        env=result("env/env.json"),
+        ceilings=result("bench/ceilings.csv"),
+        # cpp_ext cells load the extension the build step made; they wait for its outcome table.
+        extension=lambda w: (
+            [EXTENSION_CSV.format(target=w.target)] if w.impl == "cpp_ext" else []
+        ),
+    output:
+        result("bench/cells/{op}__{impl}.csv"),
+    log:
+        log_of("bench_cell_{op}__{impl}"),
+    conda:
+        CONDA_ENV
+    resources:
+        **gpu_resources,
+    params:
+        # Only this cell's settings: editing another op's sizes does not rerun this job.
+        sizes=lambda w: (
+            BENCH_SIZES if BENCH_SIZES == "auto" else BENCH_SIZES.get(w.op, "auto")
+        ),
+        bench={
+            k: config["bench"][k] for k in ("dtypes", "max_tensor_mib", "tolerances")
+        },
+        timing=config["timing"],
+        strict=config["strict"],
+    script:
+        "../scripts/bench_cell.py"
+
+
+rule bench_aggregate:
+    input:
+        lambda w: expand(
+            result("bench/cells/{op}__{impl}.csv"),
+            target=w.target,
+            op=w.op,
+            impl=BENCH_IMPLS,
+        ),
+    output:
+        report(
+            result("bench/{op}.csv"),
+            caption="../report/bench.rst",
+            category="Benchmarks",
+        ),
+    log:
+        log_of("bench_aggregate_{op}"),
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/bench_aggregate.py"
+
+
+localrules:
+    bench_aggregate,
+
+
+register_outputs(
+    "bench",
+    expand(result("bench/ceilings.csv"), target=TARGETS)
+    + expand(result("bench/{op}.csv"), target=TARGETS, op=BENCH_OPS),
+)

@@ -1,0 +1,93 @@
+import os
+
+# Kernel sources are inputs, so editing one reruns its step (and, through the cache key, rebuilds).
+KERNELS = os.path.join(workflow.basedir, "kernels")
+HIP_SOURCES = [
+    os.path.join(KERNELS, "hip", f) for f in ("vector_add.hip", "hip_compat.h")
+]
+EXTENSION_SOURCES = [
+    os.path.join(KERNELS, "ext", f) for f in ("ops.cpp", "ops_cuda.cu", "ops_common.h")
+]
+
+
+rule hip_standalone:
+    input:
+        src=HIP_SOURCES,
+        env=result("env/env.json"),
+    output:
+        csv=report(
+            result("build/hip_standalone.csv"),
+            caption="../report/build.rst",
+            category="Build",
+        ),
+        build_log=result("build/hip_standalone_build.log"),
+        run_log=result("build/hip_standalone_run.log"),
+    log:
+        log_of("hip_standalone"),
+    conda:
+        CONDA_ENV
+    resources:
+        **gpu_resources,
+    params:
+        offload_archs=config["build"]["offload_archs"],
+        extra_cflags=config["build"]["extra_cflags"],
+        sizes=config["build"]["standalone_sizes"],
+        timing=config["timing"],
+        strict=config["strict"],
+    script:
+        "../scripts/build_hip_standalone.py"
+
+
+rule extension_build:
+    input:
+        src=EXTENSION_SOURCES,
+        env=result("env/env.json"),
+    output:
+        csv=report(
+            result("build/extension.csv"),
+            caption="../report/build.rst",
+            category="Build",
+        ),
+        checks=result("build/extension_checks.csv"),
+        build_log=result("build/extension_build.log"),
+    log:
+        log_of("extension_build"),
+    conda:
+        CONDA_ENV
+    resources:
+        **gpu_resources,
+    params:
+        offload_archs=config["build"]["offload_archs"],
+        extra_cflags=config["build"]["extra_cflags"],
+        strict=config["strict"],
+    script:
+        "../scripts/build_extension.py"
+
+
+rule timing_pitfalls:
+    input:
+        extension=result("build/extension.csv"),
+        env=result("env/env.json"),
+    output:
+        result("build/timing_pitfalls.csv"),
+    log:
+        log_of("timing_pitfalls"),
+    conda:
+        CONDA_ENV
+    resources:
+        **gpu_resources,
+    params:
+        timing=config["timing"],
+        strict=config["strict"],
+    script:
+        "../scripts/build_timing_pitfalls.py"
+
+
+register_outputs(
+    "build",
+    expand(
+        result("build/{name}.csv"),
+        target=TARGETS,
+        name=["hip_standalone", "extension", "extension_checks", "timing_pitfalls"],
+    ),
+)

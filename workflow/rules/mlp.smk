@@ -1,0 +1,42 @@
+# One trace and one stacks file per configured variant (a skipped variant's files say why).
+MLP_TRACES = expand(
+    result("mlp/trace_{variant}.json.gz"),
+    variant=config["mlp"]["variants"],
+    allow_missing=True,
+)
+MLP_STACKS = expand(
+    result("mlp/stacks_{variant}.txt"),
+    variant=config["mlp"]["variants"],
+    allow_missing=True,
+)
+
+
+rule mlp_profile:
+    input:
+        env=result("env/env.json"),
+        ceilings=result("bench/ceilings.csv"),
+    output:
+        summary=report(
+            result("mlp/summary.csv"),
+            caption="../report/mlp.rst",
+            category="MLP profile",
+        ),
+        kernels=result("mlp/kernels.csv"),
+        ops=result("mlp/ops.csv"),
+        traces=MLP_TRACES,
+        stacks=MLP_STACKS,
+    log:
+        log_of("mlp_profile"),
+    conda:
+        CONDA_ENV
+    resources:
+        **gpu_resources,
+    params:
+        mlp=config["mlp"],
+        timing=config["timing"],
+        strict=config["strict"],
+    script:
+        "../scripts/mlp_profile.py"
+
+
+register_outputs("mlp", expand(result("mlp/summary.csv"), target=TARGETS))

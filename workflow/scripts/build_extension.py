@@ -1,0 +1,30 @@
+"""Snakemake script of rule extension_build: thin wrapper over gpulab.extension."""
+
+from gpulab.logs import to_log
+
+to_log(snakemake.log[0])
+
+from gpulab.cluster import apply_target_env  # noqa: E402
+
+apply_target_env(snakemake.config, snakemake.wildcards.target)
+
+from pathlib import Path  # noqa: E402
+
+from gpulab.env_capture import read_fingerprint  # noqa: E402
+from gpulab.extension import EXTENSION, EXTENSION_CHECKS, run_extension_step  # noqa: E402
+from gpulab.tables import enforce_strict  # noqa: E402
+
+# A compile error raises here, after printing the compiler's output to this log.
+run_extension_step(
+    snakemake.wildcards.target,
+    read_fingerprint(snakemake.input.env),
+    {"offload_archs": snakemake.params.offload_archs, "extra_cflags": snakemake.params.extra_cflags},
+    out_csv=Path(snakemake.output.csv),
+    checks_csv=Path(snakemake.output.checks),
+    build_log=Path(snakemake.output.build_log),
+)
+builds = EXTENSION.read(snakemake.output.csv)
+print(builds[["phase", "status", "backend", "arch", "compiler", "seconds", "cached", "reason"]].to_string(index=False))
+checks = EXTENSION_CHECKS.read(snakemake.output.checks)
+enforce_strict(builds, snakemake.params.strict, "extension_build")
+enforce_strict(checks, snakemake.params.strict, "extension_build (correctness checks)")
