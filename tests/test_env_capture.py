@@ -5,7 +5,14 @@ import shutil
 
 import pandas as pd
 import pytest
-from gpulab.env_capture import ToolResult, _no_device_on_empty_output, capture, fingerprint_id, run_tool
+from gpulab.env_capture import (
+    ToolResult,
+    _no_device_on_empty_output,
+    _no_device_when_kernel_driver_absent,
+    capture,
+    fingerprint_id,
+    run_tool,
+)
 from gpulab.runtime_stack import RUNTIME_STACK, classify, parse_ldd, stack_rows
 from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
 
@@ -164,3 +171,19 @@ def test_capture_on_this_machine(tmp_path):
         assert rocm["status"] == "skipped" and rocm["reason"].startswith("no AMD GPU")
     stack = RUNTIME_STACK.read(tmp_path / "runtime_stack.csv")
     assert "libtorch_cpu.so" in set(stack["library"]) or "libtorch.so" in set(stack["library"])
+
+
+def test_rocminfo_without_amdgpu_module_is_no_device(fixtures):
+    recorded = ToolResult(
+        "rocminfo",
+        ("rocminfo",),
+        "failed",
+        1,
+        "exit status 1",
+        (fixtures / "env/rocminfo_no_gpu.stdout").read_text(),
+        (fixtures / "env/rocminfo_no_gpu.stderr").read_text(),
+    )
+    result = _no_device_when_kernel_driver_absent(recorded)
+    assert result.status == "skipped" and result.reason.startswith("no AMD GPU")
+    broken = ToolResult("rocminfo", ("rocminfo",), "failed", 1, "exit status 1", "", "segfault")
+    assert _no_device_when_kernel_driver_absent(broken).status == "failed"

@@ -217,6 +217,22 @@ def _no_device_on_empty_output(result: ToolResult) -> ToolResult:
     return result
 
 
+def _no_device_when_kernel_driver_absent(result: ToolResult) -> ToolResult:
+    # rocminfo exits 1 with "ROCk module is NOT loaded" when the amdgpu kernel driver is absent: no device,
+    # which is the expected state of a non-AMD machine, not a broken tool.
+    if result.status == "failed" and "ROCk module is NOT loaded" in result.stdout + result.stderr:
+        return ToolResult(
+            result.tool,
+            result.argv,
+            "skipped",
+            result.exit_status,
+            "no AMD GPU: ROCk (amdgpu) kernel module is not loaded",
+            result.stdout,
+            result.stderr,
+        )
+    return result
+
+
 def torch_libraries() -> tuple[str | None, list[Path]]:
     """torch's lib directory and the libraries whose dependencies make up the runtime stack."""
     try:
@@ -252,6 +268,8 @@ def capture(
         result = run_tool(name, argv, timeout_s)
         if name.startswith("rocm-smi"):
             result = _no_device_on_empty_output(result)
+        elif name == "rocminfo":
+            result = _no_device_when_kernel_driver_absent(result)
         results[name] = result
         required[name] = info.backend in backends
     lib_dir, libs = torch_libraries()

@@ -222,6 +222,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         largest[h.key] = max(largest.get(h.key, h.value), h.value)
     targets = []
     table_rows: dict[str, dict[str, Any]] = {}
+    llm_models: dict[str, str] = {}
     for target in ctx.results.targets:
         env = ctx.results.env(target) or {}
         device = env.get("device", {})
@@ -255,6 +256,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
         for h in figures[target]:
             row = table_rows.setdefault(h.key, {"figure": f"{h.label} ({h.unit})"})
             row[target] = h.value
+            if h.key == "llm_decode" and h.measured:
+                llm_models[target] = h.detail.split(" · ", 1)[0]
     comparison = None
     if ctx.multi_target:
         baseline = ctx.baseline_target
@@ -262,7 +265,15 @@ def build(ctx: Any) -> dict[str, Any] | None:
         others = [t for t in ctx.results.targets if t != baseline]
         for t in others:
             if t in frame.columns and baseline in frame.columns:
-                frame[f"{t} vs {baseline} (×)"] = frame[t] / frame[baseline]
+                ratio = frame[t] / frame[baseline]
+                # Decode speed of a 7B model and of the tiny CI model are not comparable: no ratio then.
+                if llm_models.get(t) != llm_models.get(baseline):
+                    ratio = ratio.where(frame["figure"] != table_rows["llm_decode"]["figure"])
+                frame[f"{t} vs {baseline} (×)"] = ratio
+        if len(set(llm_models.values())) > 1:
+            frame.loc[frame["figure"] == table_rows["llm_decode"]["figure"], "figure"] = (
+                "LLM decode (tok/s; models differ: " + ", ".join(f"{t}: {m}" for t, m in llm_models.items()) + ")"
+            )
         measured = [t for t in ctx.results.targets if t in frame.columns and frame[t].notna().any()]
         comparison = {"frame": frame, "baseline": baseline} if len(measured) > 1 else None
     return {"targets": targets, "comparison": comparison}
