@@ -117,7 +117,7 @@ def _detect_uncached() -> DeviceInfo:
             reason = "PyTorch is a CPU-only build"
         if probe_error:
             reason += f" ({probe_error})"
-        return DeviceInfo(backend="cpu", gpu_available=False, reason=reason, name=_cpu_name(), **base)
+        return DeviceInfo(backend="cpu", gpu_available=False, reason=reason, name=cpu_model_name(), **base)
 
     props = torch.cuda.get_device_properties(0)
     if hip:
@@ -140,7 +140,8 @@ def _detect_uncached() -> DeviceInfo:
     )
 
 
-def _cpu_name() -> str:
+def cpu_model_name() -> str:
+    """The CPU's model name (also the device name of CPU-only runs)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             for line in fh:

@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gpulab.device import DeviceInfo, detect
+from gpulab.device import DeviceInfo, cpu_model_name, detect
 from gpulab.paths import REPO_ROOT
 from gpulab.tables import Column, TableSchema, write_atomic
 
@@ -141,7 +141,7 @@ def build_env(
         "captured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "os": {"release": os_release(), "kernel": platform.release(), "machine": platform.machine()},
-        "cpu": {"model": _cpu_model(), "logical_cores": os.cpu_count()},
+        "cpu": {"model": cpu_model_name(), "logical_cores": os.cpu_count()},
         "python": {"version": platform.python_version(), "executable": sys.executable},
         "packages": package_versions(),
         "device": info.as_dict(),
@@ -151,16 +151,6 @@ def build_env(
     }
     env["fingerprint"] = fingerprint_id(env)
     return env
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def write_env_json(path: str | Path, env: Mapping[str, Any]) -> None:
