@@ -8,7 +8,7 @@ movement (copies, the dtype casts autocast inserts, fills, memsets) and anything
 Inductor names its Triton kernels by kind (``triton_poi_`` pointwise, ``triton_red_``/``triton_per_``
 reductions, ``triton_tem_`` templates such as matmuls). The phase comes from the op that launched a
 kernel: anything under an autograd engine node is backward, anything under the step's forward range is
-forward.
+forward, anything a graph replay launched is graph (one replay is the whole step).
 
 No torch import at module level: the report uses the naming helpers without loading torch.
 """
@@ -23,13 +23,15 @@ from typing import Any
 
 import pandas as pd
 
-PHASES = ("forward", "backward", "other")
+PHASES = ("forward", "backward", "graph", "other")
 CATEGORIES = ("matmul", "activation", "reduction", "other")
 
 # record_function ranges the profiled step opens; the backward range only matters on CPU, where the
 # autograd engine runs in the calling thread.
 FORWARD_RANGE = "gpulab.mlp.forward"
 BACKWARD_RANGE = "gpulab.mlp.backward"
+# A graph variant replays forward and backward as one graph: its kernels have no finer phase than this.
+GRAPH_RANGE = "gpulab.mlp.graph_replay"
 AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function"
 BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
 
@@ -124,7 +126,7 @@ def short_kernel_name(name: str, width: int = 70) -> str:
 
 
 def phase_of(event: Any) -> str:
-    """forward | backward | other, from the ranges enclosing a CPU op (``FunctionEvent``)."""
+    """forward | backward | graph | other, from the ranges enclosing a CPU op (``FunctionEvent``)."""
     node = event
     while node is not None:
         name = node.name
@@ -133,6 +135,8 @@ def phase_of(event: Any) -> str:
             return "backward"
         if name == FORWARD_RANGE:
             return "forward"
+        if name == GRAPH_RANGE:
+            return "graph"
         node = node.cpu_parent
     return "other"
 
