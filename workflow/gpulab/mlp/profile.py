@@ -35,7 +35,9 @@ from gpulab.device import DeviceInfo, detect, synchronize
 from gpulab.mlp.kernels import (
     BACKWARD_RANGE,
     FORWARD_RANGE,
+    GRAPH_LAUNCH,
     GRAPH_RANGE,
+    HOST_BOUND_SHARE,
     cpu_op_records,
     device_kernel_records,
     kernel_table,
@@ -47,8 +49,6 @@ from gpulab.timing import TimingSettings, measure
 
 log = logging.getLogger(__name__)
 
-# Below this share of the step spent in kernels the device mostly waits for the host to launch work.
-HOST_BOUND_SHARE = 0.8
 # Steps run on a side stream before a capture, as PyTorch's CUDA graphs notes require (cuBLAS workspaces,
 # autograd's and the allocator's lazy state are set up outside the graph).
 GRAPH_WARMUP_STEPS = 3
@@ -93,7 +93,8 @@ MLP_KERNELS = TableSchema(
     (
         Column("variant", "str", "precision variant"),
         Column("time_source", "str", "device_kernel | cpu_op_self (CPU-only run: the rows are ATen ops)"),
-        Column("phase", "str", "forward | backward | other (launched outside the step's forward/backward)"),
+        Column("phase", "str", "forward | backward | graph (a graph variant's replay: the whole step) | other "
+               "(launched outside the step's forward/backward)"),
         Column("category", "str", "matmul | activation (GeLU and other elementwise math) | reduction | "
                "other (copies, dtype casts, fills, memsets, unrecognised)"),
         Column("kernel", "str", "kernel name as the profiler reports it"),
@@ -365,7 +366,8 @@ def profile_variant(
     write_trace(prof, out_dir / trace_name(variant.name))
     stack_lines = write_stacks(prof, out_dir / stacks_name(variant.name), info)
     events = prof.events()
-    records = device_kernel_records(events) if info.gpu_available else cpu_op_records(events)
+    unlinked = ("graph", GRAPH_LAUNCH) if variant.graph else ("other", "")
+    records = device_kernel_records(events, unlinked) if info.gpu_available else cpu_op_records(events)
     kernels = kernel_table(records, shape.num_steps)
     tflops = matmul_flops(shape) / (timed.median_ms / 1e3) / 1e12
     fields: dict[str, Any] = {
@@ -378,7 +380,7 @@ def profile_variant(
         **kernel_time_fields(kernels, shape.num_steps, timed.median_ms, info),
         **timed.as_row(),
     }
-    log.info("%s: %.3f ms/step, %.1f TFLOP/s, kernels %.0f%% of the step (NaN: CPU-only), rel err %.2g/%.2g, "
+    log.info("%s: %.3f ms/step, %.1f TFLOP/s, kernel time %.0f%% of the step, rel err %.2g/%.2g, "
              "%d kernel rows, %d stack lines", variant.name, timed.median_ms, tflops,
              100 * fields["kernel_step_share"], err_out, err_grad, len(kernels), stack_lines)
     return fields, kernels, op_table(prof.key_averages())
