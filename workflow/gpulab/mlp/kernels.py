@@ -8,7 +8,7 @@ movement (copies, the dtype casts autocast inserts, fills, memsets) and anything
 Inductor names its Triton kernels by kind (``triton_poi_`` pointwise, ``triton_red_``/``triton_per_``
 reductions, ``triton_tem_`` templates such as matmuls). The phase comes from the op that launched a
 kernel: anything under an autograd engine node is backward, anything under the step's forward range is
-forward.
+forward, anything a graph replay launched is graph (one replay is the whole step).
 
 No torch import at module level: the report uses the naming helpers without loading torch.
 """
@@ -23,13 +23,18 @@ from typing import Any
 
 import pandas as pd
 
-PHASES = ("forward", "backward", "other")
+PHASES = ("forward", "backward", "graph", "other")
 CATEGORIES = ("matmul", "activation", "reduction", "other")
 
 # record_function ranges the profiled step opens; the backward range only matters on CPU, where the
 # autograd engine runs in the calling thread.
 FORWARD_RANGE = "gpulab.mlp.forward"
 BACKWARD_RANGE = "gpulab.mlp.backward"
+# A graph variant replays forward and backward as one graph: its kernels have no finer phase than this.
+GRAPH_RANGE = "gpulab.mlp.graph_replay"
+GRAPH_LAUNCH = "graph replay"  # launched_by of a replay's kernels
+# Below this share of the timed step spent in kernels the device mostly waits for the host to launch work.
+HOST_BOUND_SHARE = 0.8
 AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function"
 BACKWARD_FUNCTION_SCOPE = 1  # at::RecordScope::BACKWARD_FUNCTION
 
@@ -124,7 +129,7 @@ def short_kernel_name(name: str, width: int = 70) -> str:
 
 
 def phase_of(event: Any) -> str:
-    """forward | backward | other, from the ranges enclosing a CPU op (``FunctionEvent``)."""
+    """forward | backward | graph | other, from the ranges enclosing a CPU op (``FunctionEvent``)."""
     node = event
     while node is not None:
         name = node.name
@@ -133,6 +138,8 @@ def phase_of(event: Any) -> str:
             return "backward"
         if name == FORWARD_RANGE:
             return "forward"
+        if name == GRAPH_RANGE:
+            return "graph"
         node = node.cpu_parent
     return "other"
 
@@ -155,13 +162,15 @@ def _duration_us(event: Any) -> float:
     return event.time_range.end - event.time_range.start
 
 
-def device_kernel_records(events: Iterable[Any]) -> list[KernelRecord]:
+def device_kernel_records(events: Iterable[Any], unlinked: tuple[str, str] = ("other", "")) -> list[KernelRecord]:
     """Every device activity (kernel, copy, fill) of a CPU+device profile, with the op that launched it.
 
     The profiler files each device activity under the CPU op that launched it (``FunctionEvent.kernels``).
     A ``record_function`` range is mirrored on the device timeline as a "GPU user annotation" and filed
     the same way; it is not a kernel, so only activities that also appear as device events that are not
-    annotations are kept. Device activities no profiled op launched are kept with phase ``other``.
+    annotations are kept. Device activities no profiled op launched are kept with the ``(phase,
+    launched_by)`` given as ``unlinked``: a graph replay's kernels are such (seen on an H100, PyTorch 2.11
+    with CUDA 13: none is filed under the replay's range), so a graph variant passes its own labels.
     """
     events = list(events)
     remaining: Counter[tuple[str, float]] = Counter(
@@ -181,7 +190,7 @@ def device_kernel_records(events: Iterable[Any]) -> list[KernelRecord]:
             phase = phase or phase_of(op)
             records.append(KernelRecord(kernel.name, op.name, phase, float(kernel.duration)))
     for (name, duration), count in remaining.items():
-        records.extend(KernelRecord(name, "", "other", float(duration)) for _ in range(count))
+        records.extend(KernelRecord(name, unlinked[1], unlinked[0], float(duration)) for _ in range(count))
     return records
 
 

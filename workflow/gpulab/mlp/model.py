@@ -66,13 +66,19 @@ def matmul_flops(shape: MLPShape) -> int:
 
 @dataclass(frozen=True)
 class Variant:
-    """How one profiled step runs: matmul precision, autocast, compilation, and what it is checked to."""
+    """How one profiled step runs: matmul precision, autocast or bf16 weights, compilation or one device graph
+    per step, and what it is checked to."""
 
     name: str
     ceiling_dtype: str  # the matmul ceiling row (bench/ceilings.csv) this variant is placed against
+    description: str
     allow_tf32: bool = False
     autocast_bf16: bool = False
+    # The model's parameters and input in bfloat16 (no autocast): no per-step casts of the weights.
+    bf16_weights: bool = False
     compiled: bool = False
+    # The whole forward+backward step captured once in a CUDA/HIP graph and replayed: one launch per step.
+    graph: bool = False
     # Relative L2 error against a float64 reference: fp32 arithmetic stays far below 1e-4; TF32 keeps
     # 10 mantissa bits and bf16 8, and the error of 64 layers adds up, hence the looser bounds.
     tolerance: float = 1e-4
@@ -83,6 +89,8 @@ class Variant:
             if info.backend == "rocm":
                 return "TF32 is a CUDA matmul mode; ROCm has no TF32 (PyTorch HIP semantics)"
             return f"TF32 is a CUDA matmul mode; this target has no CUDA GPU ({info.reason or info.backend})"
+        if self.graph and not info.gpu_available:
+            return f"CUDA/HIP graphs need a GPU; this target has none ({info.reason or info.backend})"
         return None
 
     @contextlib.contextmanager
@@ -98,15 +106,25 @@ class Variant:
     def autocast(self, info: DeviceInfo) -> contextlib.AbstractContextManager[Any]:
         if not self.autocast_bf16:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=info.torch_device, dtype=torch.bfloat16)
+        # Autocast's cache of cast weights must be off inside a graph capture (PyTorch's CUDA graphs notes).
+        return torch.autocast(device_type=info.torch_device, dtype=torch.bfloat16, cache_enabled=not self.graph)
 
 
+_BF16 = 5e-2
+_TF32 = 2e-2
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant("fp32", "fp32"),
-        Variant("tf32", "tf32", allow_tf32=True, tolerance=2e-2),
-        Variant("bf16", "bf16", autocast_bf16=True, tolerance=5e-2),
-        Variant("compiled", "fp32", compiled=True),
+        Variant("fp32", "fp32", "fp32, TF32 off"),
+        Variant("tf32", "tf32", "fp32 with TF32 matmuls (CUDA only)", allow_tf32=True, tolerance=_TF32),
+        Variant("bf16", "bf16", "fp32 weights, bf16 autocast", autocast_bf16=True, tolerance=_BF16),
+        Variant("compiled", "fp32", "torch.compile of the model, fp32", compiled=True),
+        Variant("tf32_graph", "tf32", "tf32, whole step replayed as one CUDA/HIP graph", allow_tf32=True,
+                graph=True, tolerance=_TF32),
+        Variant("bf16_graph", "bf16", "bf16 autocast, whole step replayed as one CUDA/HIP graph",
+                autocast_bf16=True, graph=True, tolerance=_BF16),
+        Variant("bf16_weights", "bf16", "bf16 weights and input, no autocast", bf16_weights=True, tolerance=_BF16),
+        Variant("bf16_weights_graph", "bf16", "bf16 weights, whole step replayed as one CUDA/HIP graph",
+                bf16_weights=True, graph=True, tolerance=_BF16),
     )
 }

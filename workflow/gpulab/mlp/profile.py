@@ -1,16 +1,20 @@
 """Run the MLP profile of one target: every variant checked, timed, profiled, written to ``mlp/``.
 
-Per variant: one step compared with a float64 reference (output and last-layer weight gradient), the
-allocator's peak over one step, the step timed with :func:`gpulab.timing.measure`, then ``num_steps``
-steps under ``torch.profiler`` whose Chrome trace, flame-graph stacks, operator table and device
-kernels are written. A variant that cannot run here (TF32 off CUDA) or breaks (out of memory, a
-compiler missing) is a recorded row with its reason; its trace and stacks files say the same.
+Per variant: the closure that will be timed (an eager step, or the replay of the step captured in a
+CUDA/HIP graph) runs once and its output and last-layer weight gradient are compared with a float64
+reference; a variant that fails is recorded ``incorrect`` and neither timed nor profiled. Then the
+allocator's peak over one step, the closure timed with :func:`gpulab.timing.measure` (and the last timed
+call's results checked again), then ``num_steps`` calls under ``torch.profiler`` whose Chrome trace,
+flame-graph stacks, operator table and device kernels are written. A variant that cannot run here (TF32
+off CUDA, graphs without a GPU) or breaks (out of memory, a compiler missing, graph capture refused) is a
+recorded row with its reason; its trace and stacks files say the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import gzip
 import json
 import logging
@@ -18,6 +22,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,9 @@ from gpulab.device import DeviceInfo, detect, synchronize
 from gpulab.mlp.kernels import (
     BACKWARD_RANGE,
     FORWARD_RANGE,
+    GRAPH_LAUNCH,
+    GRAPH_RANGE,
+    HOST_BOUND_SHARE,
     cpu_op_records,
     device_kernel_records,
     kernel_table,
@@ -41,10 +49,16 @@ from gpulab.timing import TimingSettings, measure
 
 log = logging.getLogger(__name__)
 
+# Steps run on a side stream before a capture, as PyTorch's CUDA graphs notes require (cuBLAS workspaces,
+# autograd's and the allocator's lazy state are set up outside the graph).
+GRAPH_WARMUP_STEPS = 3
+
 MLP_SUMMARY = TableSchema(
     "mlp_summary",
     (
-        Column("variant", "str", "fp32 | tf32 (CUDA only) | bf16 (autocast) | compiled (torch.compile, fp32)"),
+        Column("variant", "str", "fp32 | tf32 (CUDA only) | bf16 (autocast) | compiled (torch.compile, fp32) | "
+               "tf32_graph | bf16_graph | bf16_weights (bf16 parameters, no autocast) | bf16_weights_graph; "
+               "*_graph: the whole step replayed as one CUDA/HIP graph"),
         Column("ceiling_dtype", "str", "matmul ceiling (bench/ceilings.csv) the variant is placed against"),
         Column("dim", "int", "hidden size"),
         Column("num_layers", "int", "Linear -> GeLU layers"),
@@ -64,6 +78,10 @@ MLP_SUMMARY = TableSchema(
         Column("max_memory_reserved_bytes", "int", "caching allocator's peak reservation over one step (GPU only)"),
         Column("profiled_ms_per_step", "float", "kernel time (CPU-only: compute ops' time) per profiled step"),
         Column("matmul_share", "float", "fraction of profiled kernel time spent in matmul kernels"),
+        Column("kernel_step_share", "float", "profiled_ms_per_step / median_ms: the share of the step the device "
+               "spends in kernels (device runs only)"),
+        Column("host_bound", "bool", f"kernel_step_share < {HOST_BOUND_SHARE}: the device waits for the host "
+               "between kernels (device runs only)"),
         Column("trace", "str", "Chrome/Perfetto trace of the profiled steps, next to this file"),
         Column("stacks", "str", "collapsed stacks for a flame graph (export_stacks), next to this file"),
     ),
@@ -75,7 +93,8 @@ MLP_KERNELS = TableSchema(
     (
         Column("variant", "str", "precision variant"),
         Column("time_source", "str", "device_kernel | cpu_op_self (CPU-only run: the rows are ATen ops)"),
-        Column("phase", "str", "forward | backward | other (launched outside the step's forward/backward)"),
+        Column("phase", "str", "forward | backward | graph (a graph variant's replay: the whole step) | other "
+               "(launched outside the step's forward/backward)"),
         Column("category", "str", "matmul | activation (GeLU and other elementwise math) | reduction | "
                "other (copies, dtype casts, fills, memsets, unrecognised)"),
         Column("kernel", "str", "kernel name as the profiler reports it"),
@@ -151,6 +170,93 @@ def make_step(model: MLP, forward: Callable[[torch.Tensor], torch.Tensor], x: to
         return out
 
     return step
+
+
+@dataclass
+class PreparedStep:
+    """The closure that is checked, timed and profiled, and where its results land."""
+
+    run: Callable[[], None]
+    model: MLP  # the module whose gradients a run leaves (a bf16 copy for bf16_weights variants)
+    x: torch.Tensor
+    last_output: list[torch.Tensor | None] = field(default_factory=lambda: [None])
+    graph: Any = None
+
+    def output(self) -> torch.Tensor:
+        out = self.last_output[0]
+        if out is None:
+            raise RuntimeError("the step has not run")
+        return out
+
+    def grad(self) -> torch.Tensor:
+        grad = self.model.layers[-1].weight.grad
+        if grad is None:
+            raise RuntimeError("the step left no gradient on the last layer")
+        return grad
+
+    def poison(self) -> None:
+        """Make stale results fail the check: a graph's static output and gradients become NaN (a replay must
+        overwrite them); an eager step's gradients are dropped (it must create them)."""
+        if self.graph is None:
+            self.model.zero_grad(set_to_none=True)
+            self.last_output[0] = None
+            return
+        with torch.no_grad():
+            self.output().fill_(math.nan)
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.fill_(math.nan)
+
+
+def prepare_step(variant: Variant, model: MLP, x: torch.Tensor, info: DeviceInfo) -> PreparedStep:
+    """The variant's step: eager, compiled, or captured once in a CUDA/HIP graph and replayed."""
+    if variant.bf16_weights:
+        model, x = copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16)
+    forward = torch.compile(model) if variant.compiled else model
+    step = make_step(model, forward, x, variant, info)
+    if variant.graph:
+        return capture_step(step, model, x)
+    prepared = PreparedStep(run=lambda: None, model=model, x=x)
+
+    def run() -> None:
+        prepared.last_output[0] = step()
+
+    prepared.run = run
+    return prepared
+
+
+def capture_step(step: Callable[[], torch.Tensor], model: MLP, x: torch.Tensor) -> PreparedStep:
+    """Capture the same step in a graph (PyTorch's whole-network recipe): warm up on a side stream, drop the
+    gradients so backward allocates them from the graph's pool (static buffers a replay overwrites)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(GRAPH_WARMUP_STEPS):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+
+    def run() -> None:
+        with record_function(GRAPH_RANGE):
+            graph.replay()
+
+    return PreparedStep(run=run, model=model, x=x, last_output=[static_out], graph=graph)
+
+
+def check_results(prepared: PreparedStep, reference: tuple[torch.Tensor, torch.Tensor], variant: Variant,
+                  x_before: torch.Tensor) -> tuple[float, float, str]:
+    """Errors of the last run's output and gradient against the float64 reference, and why they fail ('' if
+    they pass). NaN and Inf fail; so does an input the step changed."""
+    err_out = relative_error(prepared.output(), reference[0])
+    err_grad = relative_error(prepared.grad(), reference[1])
+    if not torch.equal(prepared.x, x_before):
+        return err_out, err_grad, "the step changed its input"
+    if all(math.isfinite(e) and e <= variant.tolerance for e in (err_out, err_grad)):
+        return err_out, err_grad, ""
+    return err_out, err_grad, (f"relative error {max(err_out, err_grad):.3g} (output {err_out:.3g}, gradient "
+                               f"{err_grad:.3g}) exceeds {variant.tolerance:g}")
 
 
 def peak_memory(step: Callable[[], Any], info: DeviceInfo) -> tuple[int | None, int | None]:
@@ -237,50 +343,69 @@ def compile_settings(variant: Variant, info: DeviceInfo) -> Any:
 def profile_variant(
     variant: Variant, model: MLP, x: torch.Tensor, reference: tuple[torch.Tensor, torch.Tensor],
     shape: MLPShape, timing: TimingSettings, info: DeviceInfo, out_dir: Path,
-) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame]:
-    """Check, time and profile one variant; returns its summary fields and its kernel and op tables."""
+) -> tuple[dict[str, Any], pd.DataFrame | None, pd.DataFrame | None]:
+    """Check, time and profile one variant; returns its summary fields and its kernel and op tables (None when
+    the check failed: an incorrect variant is neither timed nor profiled)."""
     with variant.matmul_precision(), compile_settings(variant, info):
-        forward = torch.compile(model) if variant.compiled else model
-        step = make_step(model, forward, x, variant, info)
-        out = step()  # also the compilation of the compiled variant
+        prepared = prepare_step(variant, model, x, info)  # also the compilation or the capture
+        x_before = prepared.x.clone()
+        prepared.poison()
+        prepared.run()
         synchronize(info)
-        err_out = relative_error(out, reference[0])
-        err_grad = relative_error(model.layers[-1].weight.grad, reference[1])
-        del out
-        correct = all(math.isfinite(e) and e <= variant.tolerance for e in (err_out, err_grad))
-        allocated, reserved = peak_memory(step, info)
-        timed = measure(step, timing, info)
-        prof = run_profiler(step, shape.num_steps, info)
+        err_out, err_grad, problem = check_results(prepared, reference, variant, x_before)
+        errors = {"rel_err_output": err_out, "rel_err_grad": err_grad}
+        if problem:
+            return {"status": "incorrect", "reason": problem, **errors}, None, None
+        allocated, reserved = peak_memory(prepared.run, info)
+        timed = measure(prepared.run, timing, info)
+        synchronize(info)
+        *_, problem = check_results(prepared, reference, variant, x_before)  # the last timed call's results
+        if problem:
+            return {"status": "incorrect", "reason": f"after timing: {problem}", **errors}, None, None
+        prof = run_profiler(prepared.run, shape.num_steps, info)
     write_trace(prof, out_dir / trace_name(variant.name))
     stack_lines = write_stacks(prof, out_dir / stacks_name(variant.name), info)
     events = prof.events()
-    records = device_kernel_records(events) if info.gpu_available else cpu_op_records(events)
+    unlinked = ("graph", GRAPH_LAUNCH) if variant.graph else ("other", "")
+    records = device_kernel_records(events, unlinked) if info.gpu_available else cpu_op_records(events)
     kernels = kernel_table(records, shape.num_steps)
-    ops = op_table(prof.key_averages())
-    total_us = float(kernels["time_us"].sum()) if not kernels.empty else math.nan
-    matmul_us = float(kernels.loc[kernels["category"] == "matmul", "time_us"].sum()) if not kernels.empty else 0.0
-    flops = matmul_flops(shape)
-    tflops = flops / (timed.median_ms / 1e3) / 1e12
+    tflops = matmul_flops(shape) / (timed.median_ms / 1e3) / 1e12
     fields: dict[str, Any] = {
-        "status": "ok" if correct else "incorrect",
-        "reason": "" if correct else (f"relative error {max(err_out, err_grad):.3g} (output {err_out:.3g}, "
-                                      f"gradient {err_grad:.3g}) exceeds {variant.tolerance:g}"),
+        "status": "ok",
+        "reason": "",
         "tflops": tflops,
-        "rel_err_output": err_out,
-        "rel_err_grad": err_grad,
+        **errors,
         "max_memory_allocated_bytes": allocated,
         "max_memory_reserved_bytes": reserved,
-        "profiled_ms_per_step": total_us / shape.num_steps / 1e3,
-        "matmul_share": matmul_us / total_us if total_us > 0 else math.nan,
+        **kernel_time_fields(kernels, shape.num_steps, timed.median_ms, info),
         **timed.as_row(),
     }
-    log.info("%s: %.3f ms/step, %.1f TFLOP/s, rel err %.2g/%.2g, %d kernel rows, %d stack lines",
-             variant.name, timed.median_ms, tflops, err_out, err_grad, len(kernels), stack_lines)
-    return fields, kernels, ops
+    log.info("%s: %.3f ms/step, %.1f TFLOP/s, kernel time %.0f%% of the step, rel err %.2g/%.2g, "
+             "%d kernel rows, %d stack lines", variant.name, timed.median_ms, tflops,
+             100 * fields["kernel_step_share"], err_out, err_grad, len(kernels), stack_lines)
+    return fields, kernels, op_table(prof.key_averages())
+
+
+def kernel_time_fields(kernels: pd.DataFrame, steps: int, step_ms: float, info: DeviceInfo) -> dict[str, Any]:
+    """Kernel time per step, its matmul share, and its share of the timed step (host-bound below 80%)."""
+    total_us = float(kernels["time_us"].sum()) if not kernels.empty else math.nan
+    matmul_us = float(kernels.loc[kernels["category"] == "matmul", "time_us"].sum()) if not kernels.empty else 0.0
+    per_step_ms = total_us / steps / 1e3
+    # CPU-only runs: op self times include the profiler's own overhead, so a share of the step means nothing.
+    share = per_step_ms / step_ms if info.gpu_available and step_ms > 0 else math.nan
+    if info.gpu_available and kernels.empty:
+        log.warning("the profiler recorded no device kernels: kernel time and host-bound verdict unknown")
+    return {
+        "profiled_ms_per_step": per_step_ms,
+        "matmul_share": matmul_us / total_us if total_us > 0 else math.nan,
+        "kernel_step_share": share,
+        "host_bound": bool(share < HOST_BOUND_SHARE) if math.isfinite(share) else None,
+    }
 
 
 def _release(variant: Variant, model: MLP, info: DeviceInfo) -> None:
     model.zero_grad(set_to_none=True)
+    gc.collect()  # a variant's step closures, bf16 copy and graph (with its memory pool) form reference cycles
     if variant.compiled:
         torch._dynamo.reset()  # drop the compiled graphs (and their memory) before the next variant
     if info.gpu_available:
@@ -365,6 +490,11 @@ def profile_mlp(
             continue
         finally:
             _release(variant, model, info)
+        if kernels is None or ops is None:  # incorrect: recorded with its errors, not timed, not profiled
+            log.warning("%s: incorrect (%s)", variant.name, fields["reason"])
+            write_unprofiled(out_dir, variant.name, fields["status"], fields["reason"])
+            summary.append({**row, **fields})
+            continue
         fields["pct_of_ceiling"] = pct_of(fields["tflops"], ceiling)
         summary.append({**row, **fields})
         common = {"target": target, "fingerprint": fingerprint, "status": "ok", "reason": "",

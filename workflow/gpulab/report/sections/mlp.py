@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from gpulab.mlp.kernels import CATEGORIES, PHASES, short_kernel_name
+from gpulab.mlp.kernels import CATEGORIES, HOST_BOUND_SHARE, PHASES, short_kernel_name
 from gpulab.report import plots
 
 ORDER = 50
@@ -99,6 +99,19 @@ def shares_figure(shares: pd.DataFrame, label: str) -> plots.Figure:
                        data=shares)
 
 
+def host_bound_labels(summary: pd.DataFrame) -> list[str]:
+    """'host-bound' where the device spent under HOST_BOUND_SHARE of the step in kernels, 'device' where it
+    spent more, '–' where unknown (CPU-only runs, variants not profiled)."""
+    flags = summary.get("host_bound", pd.Series([pd.NA] * len(summary), index=summary.index))
+    labels = []
+    for flag in flags:
+        if pd.isna(flag):
+            labels.append("–")
+        else:
+            labels.append("host-bound" if str(flag).strip().lower() in ("true", "1") else "device")
+    return labels
+
+
 def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame({
         "variant": summary["variant"],
@@ -109,6 +122,8 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
             for lo, hi in zip(summary.get("p10_ms"), summary.get("p90_ms"), strict=True)
         ],
         "kernel time / step (ms)": summary.get("profiled_ms_per_step"),
+        "kernel time / step time (%)": pd.to_numeric(summary.get("kernel_step_share"), errors="coerce") * 100,
+        "bound": host_bound_labels(summary),
         "TFLOP/s": summary.get("tflops"),
         "ceiling (TFLOP/s)": summary.get("ceiling_tflops"),
         "ceiling dtype": summary.get("ceiling_dtype"),
@@ -188,4 +203,5 @@ def build(ctx: Any) -> dict[str, Any] | None:
         ceiling_col="ceiling_tflops", ceiling_label="measured matmul ceiling (variant's dtype)",
         facet_titles=getattr(ctx, "target_labels", None),
         data_columns=["target", "variant", "status", "tflops", "ceiling_dtype", "ceiling_tflops", "pct_of_ceiling"])
-    return {"targets": targets, "step_fig": step_fig, "tflops_fig": tflops_fig}
+    return {"targets": targets, "step_fig": step_fig, "tflops_fig": tflops_fig,
+            "host_bound_pct": round(100 * HOST_BOUND_SHARE)}
