@@ -54,10 +54,12 @@ def readme_config_args() -> list[list[str]]:
     commands added to the README are covered too)."""
     import shlex
 
-    commands = re.findall(r"`([^`\n]*--config [^`\n]*)`", (REPO / "README.md").read_text())
+    text = (REPO / "README.md").read_text()
+    fenced = [line for block in re.findall(r"^```\w*\n(.*?)^```", text, re.M | re.S) for line in block.splitlines()]
+    inline = re.findall(r"`([^`\n]+)`", re.sub(r"^```\w*\n.*?^```", "", text, flags=re.M | re.S))
     found = []
-    for command in commands:
-        words = shlex.split(command[command.index("--config"):])[1:]
+    for command in (c for c in fenced + inline if "--config " in c):
+        words = shlex.split(command[command.index("--config"):].split("#")[0])[1:]
         found.append(list(itertools.takewhile(lambda w: not w.startswith("-"), words)))
     return found
 

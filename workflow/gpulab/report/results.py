@@ -20,8 +20,10 @@ from gpulab.timing import TIMING_COLUMNS
 
 # Columns that describe a row rather than identify or measure it.
 METADATA_COLUMNS = ("target", "fingerprint", "status", "reason")
-# Every outcome table's rows name these (gpulab.tables.COMMON_COLUMNS); empty ones mean a cut-off file.
-REQUIRED_COLUMNS = ("target", "fingerprint", "status")
+# Every row of every table the workflow writes names these (gpulab.tables.COMMON_COLUMNS); a table without
+# them, or a row with one of them empty, was cut off or is not the workflow's. (Not the fingerprint: tables
+# copied in from older versions of the workflow may lack it.)
+REQUIRED_COLUMNS = ("target", "status")
 # The project's identifying columns, plus the ones some artifacts use to name a row's kind (ceilings:
 # copy | matmul; LLM: the llama-bench test pp512 | tg128 | ...), in the order a reader scans a cell.
 KEY_COLUMNS = tuple(dict.fromkeys((*IDENTIFYING_COLUMNS, "kind", "test")))
@@ -190,8 +192,6 @@ def _truncation(path: Path, frame: pd.DataFrame) -> str | None:
         fh.seek(-1, 2)
         if fh.read(1) != b"\n":
             return "the file does not end with a complete line"
-    if "status" not in frame.columns:
-        return None  # not an outcome table (e.g. a profiler's operator list)
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         return f"missing column(s) {missing}"
