@@ -62,6 +62,11 @@ def test_failure_summary_reads_only_what_this_run_added(tmp_path):
     assert "bench_cell_gelu__triton.log" in summary and "Triton needs a GPU [op=gelu, size=4096]" in summary
     assert "earlier run" not in summary and "later line" not in summary
     assert failure_summary(tmp_path / "results", log_offsets(tmp_path / "results")) is None
+    # A log Snakemake replaced (shorter than before) is this run's output from its start.
+    offsets = log_offsets(tmp_path / "results")
+    old.unlink()
+    old.write_text("Traceback (most recent call last):\n  File x\nOSError: disk full\n")
+    assert "OSError: disk full" in failure_summary(tmp_path / "results", offsets)
     assert final_error("no traceback here") is None
 
 

@@ -21,9 +21,17 @@ def step_logs(results_dir: str | Path) -> list[Path]:
     return sorted([*root.glob("*/logs/*.log"), *root.glob("*.log")])
 
 
-def log_offsets(results_dir: str | Path) -> dict[str, int]:
-    """Size of every step log now: what a later :func:`failure_summary` skips as earlier runs' output."""
-    return {str(p): p.stat().st_size for p in step_logs(results_dir)}
+def log_offsets(results_dir: str | Path) -> dict[str, tuple[int, int]]:
+    """(inode, size) of every step log now: what a later :func:`failure_summary` skips as earlier runs' output."""
+    return {str(p): (st.st_ino, st.st_size) for p in step_logs(results_dir) for st in [p.stat()]}
+
+
+def _new_part_start(path: Path, offsets: Mapping[str, tuple[int, int]]) -> int:
+    """Where this run's output of a log starts: after the earlier content, or at 0 where Snakemake replaced the
+    file (a job's log is removed with its outputs before a rerun)."""
+    inode, size = offsets.get(str(path), (-1, 0))
+    st = path.stat()
+    return size if st.st_ino == inode and st.st_size >= size else 0
 
 
 def final_error(text: str) -> str | None:
@@ -43,12 +51,12 @@ def final_error(text: str) -> str | None:
     return None
 
 
-def failure_summary(results_dir: str | Path, offsets: Mapping[str, int]) -> str | None:
+def failure_summary(results_dir: str | Path, offsets: Mapping[str, tuple[int, int]]) -> str | None:
     """Every step log that ended in an error during this run, with that error; None when there is none."""
     entries = []
     for path in step_logs(results_dir):
         with open(path, encoding="utf-8", errors="replace") as fh:
-            fh.seek(offsets.get(str(path), 0))
+            fh.seek(_new_part_start(path, offsets))
             error = final_error(fh.read())
         if error:
             entries.append(f"* {path}\n" + "\n".join(f"    {line}" for line in error.splitlines()))
