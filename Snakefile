@@ -1,6 +1,9 @@
 from snakemake.utils import min_version
 
+import sys
+
 from gpulab.config import validate_config
+from gpulab.failures import failure_summary, log_offsets
 
 min_version("9.0")
 
@@ -22,6 +25,17 @@ include: "workflow/rules/bench.smk"
 include: "workflow/rules/mlp.smk"
 include: "workflow/rules/llm.smk"
 include: "workflow/rules/report.smk"
+
+
+# What the step logs hold before this run: on error, only what the run added is summarised.
+LOG_OFFSETS = log_offsets(RESULTS)
+
+
+onerror:
+    # One list of every failing step and its reason (with keep-going, from the default profile: all of them).
+    summary = failure_summary(RESULTS, LOG_OFFSETS)
+    if summary:
+        print(summary, file=sys.stderr)
 
 
 rule all:

@@ -67,3 +67,39 @@ def test_targets_map_drives_run_targets():
     config = validate_config({"targets": {"h100": {"partition": "gpu-h100"}, "mi300x": {"partition": "mi"}}})
     assert run_targets(config) == ["h100", "mi300x"]
     assert config["targets"]["h100"]["gpus"] == 1
+
+
+def test_command_line_strings_become_the_schema_types():
+    # What `snakemake --config strict=true mlp='{dim: 1024, num_steps: 3}' ...` hands over: nested strings.
+    config = validate_config({
+        "strict": "true",
+        "mlp": {"dim": "1024", "num_steps": "3", "batch": "auto"},
+        "bench": {"sizes": {"gelu": ["1048576"], "softmax": [["4096", "1024"]]}, "max_tensor_mib": "64"},
+        "timing": {"min_time_s": "0.5", "flush_cache": "False"},
+        "llm": {"compile": "false", "top_p": "1", "models": ["tiny"]},
+        "targets": {"h100": {"gpus": "2", "env": {"X": "1"}, "partition": "null"}},
+    })
+    assert config["strict"] is True
+    assert config["mlp"]["dim"] == 1024 and config["mlp"]["num_steps"] == 3 and config["mlp"]["batch"] == "auto"
+    assert config["bench"]["sizes"] == {"gelu": [1048576], "softmax": [[4096, 1024]]}
+    assert config["bench"]["max_tensor_mib"] == 64
+    assert config["timing"]["min_time_s"] == 0.5 and config["timing"]["flush_cache"] is False
+    assert config["llm"]["compile"] is False and config["llm"]["top_p"] == 1
+    assert config["targets"]["h100"]["gpus"] == 2 and config["targets"]["h100"]["env"] == {"X": "1"}
+    assert config["targets"]["h100"]["partition"] is None
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"strict": "yes please"}, "strict: 'yes please' is not allowed; expected boolean"),
+        ({"bench": {"sizes": {"gelu": ["1e6"]}}}, "bench.sizes.gelu[0]: '1e6' is not allowed; expected integer >= 1"),
+        ({"timing": {"min_time_s": "fast"}}, "timing.min_time_s: 'fast' is not allowed; expected number > 0"),
+        ({"mlp": {"dim": "0"}}, "mlp.dim: '0' is not allowed; expected 'auto' or integer >= 1"),
+        ({"timing": {"min_time_s": "nan"}}, "timing.min_time_s: 'nan' is not allowed"),
+    ],
+)
+def test_command_line_errors_quote_what_was_typed(config, expected):
+    with pytest.raises(ConfigError) as info:
+        validate_config(config)
+    assert expected in str(info.value)

@@ -139,14 +139,16 @@ def test_run_tool_outcomes(tmp_path):
     assert slow.status == "failed" and "timed out" in slow.reason
 
 
-def test_fingerprint_ignores_time_and_host():
-    env = {"os": 1, "cpu": 2, "python": 3, "packages": 4, "device": 5, "compilers": 6, "git": 7, "config_hash": "a"}
+def test_fingerprint_ignores_time_host_and_config():
+    env = {"os": 1, "cpu": 2, "python": 3, "packages": 4, "device": 5, "compilers": 6, "git": 7}
     assert fingerprint_id({**env, "captured_at": "x", "host": "a"}) == fingerprint_id({**env, "captured_at": "y"})
-    assert fingerprint_id(env) != fingerprint_id({**env, "config_hash": "b"})
+    # The fingerprint describes the machine and software; the configuration is recorded per step instead.
+    assert fingerprint_id(env) == fingerprint_id({**env, "config_hash": "b"})
+    assert fingerprint_id(env) != fingerprint_id({**env, "packages": 5})
 
 
 def test_capture_on_this_machine(tmp_path):
-    env = capture(tmp_path, target="t1", config_hash="abc", timeout_s=60)
+    env = capture(tmp_path, target="t1", timeout_s=60)
     saved = json.loads((tmp_path / "env.json").read_text())
     assert saved["fingerprint"] == env["fingerprint"] == fingerprint_id(saved)
     tools = pd.read_csv(tmp_path / "tools.csv")

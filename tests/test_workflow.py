@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "1"]
@@ -43,3 +47,32 @@ def test_unknown_key_fails(tmp_path):
     proc = run_snakemake(tmp_path, "-n", "--config", "sizes=3")
     assert proc.returncode != 0
     assert "unknown key 'sizes'" in proc.stdout + proc.stderr
+
+
+def readme_config_args() -> list[list[str]]:
+    """Every `--config ...` of a command in README.md, as the shell would split it (read at test time, so
+    commands added to the README are covered too)."""
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    fenced = [line for block in re.findall(r"^```\w*\n(.*?)^```", text, re.M | re.S) for line in block.splitlines()]
+    inline = re.findall(r"`([^`\n]+)`", re.sub(r"^```\w*\n.*?^```", "", text, flags=re.M | re.S))
+    found = []
+    for command in (c for c in fenced + inline if "--config " in c):
+        words = shlex.split(command[command.index("--config"):].split("#")[0])[1:]
+        found.append(list(itertools.takewhile(lambda w: not w.startswith("-"), words)))
+    return found
+
+
+def test_readme_has_config_commands():
+    # The README shows booleans, nested numbers and per-op sizes; if it stops, this test names the loss.
+    joined = " ".join(" ".join(a) for a in readme_config_args())
+    for expected in ("strict=true", "mlp=", "bench="):
+        assert expected in joined
+
+
+@pytest.mark.parametrize("config_args", readme_config_args(), ids=" ".join)
+def test_readme_config_commands_dry_run(tmp_path, config_args):
+    proc = run_snakemake(tmp_path, "-n", "--config", *config_args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "env_capture" in proc.stdout + proc.stderr

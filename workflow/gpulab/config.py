@@ -2,6 +2,10 @@
 
 The schema is the single source of truth for keys, types, allowed values and defaults; this module
 only turns jsonschema's findings into messages that name the offending key and what it may be.
+
+``snakemake --config key=value`` hands nested values over as strings (``mlp='{dim: 1024}'`` gives
+``{"dim": "1024"}``), so strings are first converted to the type the schema expects at that key
+(:func:`coerce_config`). A string that does not convert stays as typed, and the error quotes it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +66,81 @@ def _allowed(schema: Mapping[str, Any], root: Mapping[str, Any]) -> str:
     return f"{kind} {' '.join(bounds)}".strip()
 
 
+def _resolve(schema: Mapping[str, Any], root: Mapping[str, Any]) -> Mapping[str, Any]:
+    while "$ref" in schema:
+        node: Any = root
+        for part in schema["$ref"].removeprefix("#/").split("/"):
+            node = node[part]
+        schema = {**node, **{k: v for k, v in schema.items() if k != "$ref"}}
+    return schema
+
+
+_INTEGER = re.compile(r"[-+]?[0-9]+")
+_BOOLEANS = {"true": True, "false": False}
+_NULLS = {"null", "~"}
+
+
+def _scalar(text: str, kind: str) -> tuple[bool, Any]:
+    """Convert command-line text to one JSON-schema type, as YAML would read it; (False, None) if it does not."""
+    if kind == "null" and text.lower() in _NULLS:
+        return True, None
+    if kind == "boolean" and text.lower() in _BOOLEANS:
+        return True, _BOOLEANS[text.lower()]
+    if kind in ("integer", "number") and _INTEGER.fullmatch(text.strip()):
+        return True, int(text)
+    if kind == "number":
+        try:
+            value = float(text)
+        except ValueError:
+            return False, None
+        return (True, value) if value == value and abs(value) != float("inf") else (False, None)
+    return False, None
+
+
+def _matches(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]) -> bool:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({**schema, "$defs": root.get("$defs", {})}).is_valid(value)
+
+
+def coerce_config(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any] | None = None) -> Any:
+    """Convert strings inside ``value`` to the types ``schema`` expects there (numbers, booleans, null),
+    recursing into mappings and lists; anything that does not convert is returned unchanged."""
+    root = schema if root is None else root
+    schema = _resolve(schema, root)
+    branches = schema.get("oneOf") or schema.get("anyOf")
+    if branches:
+        for branch in branches:  # the first branch the converted value satisfies
+            candidate = coerce_config(value, branch, root)
+            if _matches(candidate, branch, root):
+                return candidate
+        return value
+    kinds = schema.get("type", [])
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    if isinstance(value, str):
+        if "null" in kinds and value.lower() in _NULLS:
+            return None  # as YAML reads `partition: null`
+        if "const" in schema or "enum" in schema or "string" in kinds:
+            return value
+        for kind in ("null", "boolean", "integer", "number"):
+            if kind in kinds:
+                ok, converted = _scalar(value, kind)
+                if ok:
+                    return converted
+        return value
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [coerce_config(v, schema["items"], root) for v in value]
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        return {
+            k: coerce_config(v, props[k], root) if k in props
+            else coerce_config(v, extra, root) if isinstance(extra, Mapping) else v
+            for k, v in value.items()
+        }
+    return value
+
+
 def _describe(error: Any, root: Mapping[str, Any]) -> str:
     if error.validator == "oneOf" and error.context and not isinstance(error.instance, str):
         # Report the branch that got furthest into the value (e.g. a negative size inside a list).
@@ -105,6 +185,7 @@ def validate_config(config: Mapping[str, Any], schema: Mapping[str, Any] | None 
     import jsonschema  # imported here: GPU hosts that only run steps need not have it
 
     schema = schema or load_schema()
+    config = coerce_config(dict(config), schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:

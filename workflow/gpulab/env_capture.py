@@ -25,8 +25,10 @@ from gpulab.device import DeviceInfo, cpu_model_name, detect
 from gpulab.paths import REPO_ROOT
 from gpulab.tables import Column, TableSchema, write_atomic
 
-# Keys of env.json that identify the software/hardware; the rest (time, host) describe the capture.
-FINGERPRINT_KEYS = ("os", "cpu", "python", "packages", "device", "compilers", "git", "config_hash")
+# Keys of env.json that identify the software/hardware; the rest (time, host) describe the capture. The
+# configuration is not among them: it is recorded per step (each job's params in its benchmark record) and in
+# the report, so changing one setting reruns only the steps that read it.
+FINGERPRINT_KEYS = ("os", "cpu", "python", "packages", "device", "compilers", "git")
 TRACKED_PACKAGES = (
     "torch",
     "triton",
@@ -133,7 +135,7 @@ def fingerprint_id(env: Mapping[str, Any]) -> str:
 
 
 def build_env(
-    *, target: str, config_hash: str, compilers: Mapping[str, Any], device: DeviceInfo | None = None
+    *, target: str, compilers: Mapping[str, Any], device: DeviceInfo | None = None
 ) -> dict[str, Any]:
     info = device or detect()
     env: dict[str, Any] = {
@@ -147,7 +149,6 @@ def build_env(
         "device": info.as_dict(),
         "compilers": dict(compilers),
         "git": git_state(),
-        "config_hash": config_hash,
     }
     env["fingerprint"] = fingerprint_id(env)
     return env
@@ -242,7 +243,7 @@ def _raw_text(result: ToolResult) -> str:
 
 
 def capture(
-    out_dir: str | Path, *, target: str, config_hash: str, timeout_s: float = 120, device: DeviceInfo | None = None
+    out_dir: str | Path, *, target: str, timeout_s: float = 120, device: DeviceInfo | None = None
 ) -> dict[str, Any]:
     """Write env.json, tools.csv, runtime_stack.csv and raw/ under ``out_dir``; return env.json's content."""
     from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
@@ -274,7 +275,6 @@ def capture(
     base = {"target": target}
     env = build_env(
         target=target,
-        config_hash=config_hash,
         device=info,
         compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")},
     )

@@ -133,6 +133,11 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
         raise
 
 
+def _plain(value: Any) -> Any:
+    """A cell as a person wrote it: a size of 1024 stays 1024 where a row's other columns made it 1024.0."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def enforce_strict(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, strict: bool, what: str) -> None:
     """In strict mode any outcome other than ok fails the step, naming each offending row."""
     if not strict:
@@ -144,7 +149,8 @@ def enforce_strict(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, strict: boo
     if not bad.empty:
         keys = [c for c in IDENTIFYING_COLUMNS if c in df.columns]
         lines = "\n".join(
-            f"  - {r['status']}: {r.get('reason') or '(no reason)'} [" + ", ".join(f"{k}={r[k]}" for k in keys) + "]"
+            f"  - {r['status']}: {r.get('reason') or '(no reason)'} ["
+            + ", ".join(f"{k}={_plain(r[k])}" for k in keys) + "]"
             for _, r in bad.iterrows()
         )
         raise StrictModeError(f"strict mode: {len(bad)} outcome(s) of {what} are not ok:\n{lines}")

@@ -11,6 +11,7 @@ wildcard_constraints:
 
 rule bench_ceilings:
     input:
+        src=sources("bench_ceilings.py"),
         env=result("env/env.json"),
     output:
         report(
@@ -20,6 +21,8 @@ rule bench_ceilings:
         ),
     log:
         log_of("bench_ceilings"),
+    benchmark:
+        benchmark_of("bench_ceilings")
     conda:
         CONDA_ENV
     resources:
@@ -34,6 +37,9 @@ rule bench_ceilings:
 
 rule bench_cell:
     input:
+        src=sources("bench_cell.py"),
+        # The kernel files of this cell's implementation only: editing one op's kernel reruns that cell.
+        kernels=kernels_of,
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
         # cpp_ext cells load the extension the build step made; they wait for its outcome table.
@@ -44,6 +50,8 @@ rule bench_cell:
         result("bench/cells/{op}__{impl}.csv"),
     log:
         log_of("bench_cell_{op}__{impl}"),
+    benchmark:
+        benchmark_of("bench_cell_{op}__{impl}")
     conda:
         CONDA_ENV
     resources:
@@ -64,7 +72,8 @@ rule bench_cell:
 
 rule bench_aggregate:
     input:
-        lambda w: expand(
+        src=sources("bench_aggregate.py"),
+        cells=lambda w: expand(
             result("bench/cells/{op}__{impl}.csv"),
             target=w.target,
             op=w.op,
@@ -78,6 +87,8 @@ rule bench_aggregate:
         ),
     log:
         log_of("bench_aggregate_{op}"),
+    benchmark:
+        benchmark_of("bench_aggregate_{op}")
     conda:
         CONDA_ENV
     script:

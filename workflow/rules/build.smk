@@ -1,18 +1,10 @@
-import os
-
-# Kernel sources are inputs, so editing one reruns its step (and, through the cache key, rebuilds).
-KERNELS = os.path.join(workflow.basedir, "kernels")
-HIP_SOURCES = [
-    os.path.join(KERNELS, "hip", f) for f in ("vector_add.hip", "hip_compat.h")
-]
-EXTENSION_SOURCES = [
-    os.path.join(KERNELS, "ext", f) for f in ("ops.cpp", "ops_cuda.cu", "ops_common.h")
-]
+# Kernel sources and library code are inputs (`sources`, common.smk), so editing one reruns its step (and,
+# through the cache key, rebuilds).
 
 
 rule hip_standalone:
     input:
-        src=HIP_SOURCES,
+        src=sources("build_hip_standalone.py"),
         env=result("env/env.json"),
     output:
         csv=report(
@@ -24,6 +16,8 @@ rule hip_standalone:
         run_log=result("build/hip_standalone_run.log"),
     log:
         log_of("hip_standalone"),
+    benchmark:
+        benchmark_of("hip_standalone")
     conda:
         CONDA_ENV
     resources:
@@ -40,7 +34,7 @@ rule hip_standalone:
 
 rule extension_build:
     input:
-        src=EXTENSION_SOURCES,
+        src=sources("build_extension.py"),
         env=result("env/env.json"),
     output:
         csv=report(
@@ -52,6 +46,8 @@ rule extension_build:
         build_log=result("build/extension_build.log"),
     log:
         log_of("extension_build"),
+    benchmark:
+        benchmark_of("extension_build")
     conda:
         CONDA_ENV
     resources:
@@ -66,12 +62,15 @@ rule extension_build:
 
 rule timing_pitfalls:
     input:
+        src=sources("build_timing_pitfalls.py"),
         extension=result("build/extension.csv"),
         env=result("env/env.json"),
     output:
         result("build/timing_pitfalls.csv"),
     log:
         log_of("timing_pitfalls"),
+    benchmark:
+        benchmark_of("timing_pitfalls")
     conda:
         CONDA_ENV
     resources:

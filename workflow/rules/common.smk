@@ -1,15 +1,17 @@
+import os
 import sys
+from pathlib import Path
 
 from gpulab.cluster import device_job_resources
-from gpulab.config import config_hash, run_targets
+from gpulab.config import run_targets
 from gpulab.jobenv import prepare
+from gpulab.sources import kernel_sources, step_sources
 
 prepare(workflow.basedir, sys.argv)
 CONDA_ENV = "../../env/conda.yaml"
 
 RESULTS = config["results_dir"]
 TARGETS = run_targets(config)
-CONFIG_HASH = config_hash(config)
 
 # Every step registers the artifacts it produces for all targets; `all` and the report depend on them.
 STEP_OUTPUTS = {}
@@ -36,6 +38,30 @@ def result(path):
 
 def log_of(name):
     return f"{RESULTS}/{{target}}/logs/{name}.log"
+
+
+def benchmark_of(name):
+    """Snakemake's `benchmark:` record of one job (wall time, memory, CPU; with the default profile's
+    benchmark-extended also its params and inputs), read by the report's methodology section.
+    """
+    return f"{RESULTS}/{{target}}/benchmarks/{name}.jsonl"
+
+
+def _from_workdir(paths):
+    # Relative to the working directory, never absolute: a moved or copied checkout reruns nothing.
+    return [os.path.relpath(os.path.join(workflow.basedir, p)) for p in paths]
+
+
+def sources(script):
+    """Every source file the step run by workflow/scripts/<script> depends on: the script, the gpulab
+    modules it imports at any depth and the data files it reads (gpulab.sources). An input of the rule,
+    so editing one reruns exactly the steps that use it."""
+    return _from_workdir(step_sources(script, Path(workflow.basedir)))
+
+
+def kernels_of(wildcards):
+    """Kernel source files of one benchmark cell's implementation (e.g. kernels/triton/<op>.py)."""
+    return _from_workdir(kernel_sources(wildcards.impl, wildcards.op))
 
 
 def env_json(wildcards):

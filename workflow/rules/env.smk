@@ -1,4 +1,6 @@
 rule env_capture:
+    input:
+        src=sources("env_capture.py"),
     output:
         env=result("env/env.json"),
         tools=result("env/tools.csv"),
@@ -9,6 +11,8 @@ rule env_capture:
         ),
     log:
         log_of("env_capture"),
+    benchmark:
+        benchmark_of("env_capture")
     conda:
         CONDA_ENV
     resources:
@@ -16,7 +20,6 @@ rule env_capture:
     params:
         strict=config["strict"],
         timeout_s=config["env_capture"]["tool_timeout_s"],
-        config_hash=CONFIG_HASH,
     script:
         "../scripts/env_capture.py"
 

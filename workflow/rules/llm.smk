@@ -23,10 +23,14 @@ localrules:
 
 
 rule llm_tiny_build:
+    input:
+        src=sources("llm_tiny_build.py"),
     output:
         directory(result("llm/models/tiny")),
     log:
         log_of("llm_tiny_build"),
+    benchmark:
+        benchmark_of("llm_tiny_build")
     conda:
         CONDA_ENV
     params:
@@ -37,6 +41,7 @@ rule llm_tiny_build:
 
 rule llm_model_fetch:
     input:
+        src=sources("llm_model_fetch.py"),
         tiny=lambda w: (
             f"{RESULTS}/{w.target}/llm/models/tiny"
             if needs_tiny(LLM_MODELS[w.model])
@@ -46,6 +51,8 @@ rule llm_model_fetch:
         result("llm/models/{model}.json"),
     log:
         log_of("llm_model_fetch_{model}"),
+    benchmark:
+        benchmark_of("llm_model_fetch_{model}")
     conda:
         CONDA_ENV
     params:
@@ -57,6 +64,7 @@ rule llm_model_fetch:
 
 rule llm_infer:
     input:
+        src=sources("llm_infer.py"),
         model=result("llm/models/{model}.json"),
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
@@ -69,6 +77,8 @@ rule llm_infer:
         text=result("llm/{model}__{engine}.json"),
     log:
         log_of("llm_infer_{model}__{engine}"),
+    benchmark:
+        benchmark_of("llm_infer_{model}__{engine}")
     conda:
         CONDA_ENV
     resources:

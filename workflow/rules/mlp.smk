@@ -13,6 +13,7 @@ MLP_STACKS = expand(
 
 rule mlp_profile:
     input:
+        src=sources("mlp_profile.py"),
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
     output:
@@ -27,6 +28,8 @@ rule mlp_profile:
         stacks=MLP_STACKS,
     log:
         log_of("mlp_profile"),
+    benchmark:
+        benchmark_of("mlp_profile")
     conda:
         CONDA_ENV
     resources:

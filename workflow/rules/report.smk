@@ -1,6 +1,7 @@
 rule report_render:
     input:
-        step_outputs(),
+        src=sources("report_render.py"),
+        steps=step_outputs(),
     output:
         report(
             config["report"]["output"],
@@ -9,10 +10,17 @@ rule report_render:
         ),
     log:
         f"{RESULTS}/report_render.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/report_render.jsonl"
     conda:
         CONDA_ENV
     params:
         results_dir=lambda wildcards: RESULTS,
         config=config,
+        # Each rule's output patterns: with the jobs' benchmark records (wildcards, inputs) they give the
+        # dependencies the methodology section's critical path follows.
+        rule_outputs=lambda wildcards: {
+            r.name: [str(f) for f in r.output] for r in workflow.rules
+        },
     script:
         "../scripts/report_render.py"

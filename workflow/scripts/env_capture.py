@@ -18,7 +18,6 @@ out_dir = Path(snakemake.output.env).parent
 env = capture(
     out_dir,
     target=snakemake.wildcards.target,
-    config_hash=snakemake.params.config_hash,
     timeout_s=snakemake.params.timeout_s,
 )
 print(f"fingerprint {env['fingerprint']}: {env['device']['backend']} / {env['device']['name']}")

@@ -54,14 +54,19 @@ def auto_sizes(op: str, info: DeviceInfo, max_bytes: int) -> list[Shape]:
     return shapes or [tuple(candidates[0])]
 
 
-def resolve_sizes(op: str, sizes: str | Mapping[str, Sequence[Any]], info: DeviceInfo,
+def resolve_sizes(op: str, sizes: str | Mapping[str, Sequence[Any]] | Sequence[Any], info: DeviceInfo,
                   max_tensor_mib: int | str = "auto") -> list[Shape]:
-    """The shapes one op is benchmarked at: ``bench.sizes`` ("auto" or per-op lists) on this device."""
+    """The shapes one op is benchmarked at on this device: ``bench.sizes`` ("auto", the per-op mapping) or
+    this op's own list of sizes (what the workflow hands each cell)."""
     if sizes == "auto" or (isinstance(sizes, Mapping) and op not in sizes):
         return auto_sizes(op, info, max_tensor_bytes(info, max_tensor_mib))
-    if not isinstance(sizes, Mapping):
-        raise ValueError(f"bench.sizes must be 'auto' or a mapping of op to sizes, got {sizes!r}")
-    shapes = [parse_shape(op, value) for value in sizes[op]]
+    if isinstance(sizes, Mapping):
+        sizes, where = sizes[op], f"bench.sizes.{op}"
+    else:
+        where = f"the sizes of {op}"
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise ValueError(f"{where} must be 'auto' or a list of sizes, got {sizes!r}")
+    shapes = [parse_shape(op, value) for value in sizes]
     if not shapes:
-        raise ValueError(f"bench.sizes.{op} is empty")
+        raise ValueError(f"{where} is empty")
     return list(dict.fromkeys(shapes))

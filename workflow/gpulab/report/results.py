@@ -20,6 +20,10 @@ from gpulab.timing import TIMING_COLUMNS
 
 # Columns that describe a row rather than identify or measure it.
 METADATA_COLUMNS = ("target", "fingerprint", "status", "reason")
+# Every row of every table the workflow writes names these (gpulab.tables.COMMON_COLUMNS); a table without
+# them, or a row with one of them empty, was cut off or is not the workflow's. (Not the fingerprint: tables
+# copied in from older versions of the workflow may lack it.)
+REQUIRED_COLUMNS = ("target", "status")
 # The project's identifying columns, plus the ones some artifacts use to name a row's kind (ceilings:
 # copy | matmul; LLM: the llama-bench test pp512 | tg128 | ...), in the order a reader scans a cell.
 KEY_COLUMNS = tuple(dict.fromkeys((*IDENTIFYING_COLUMNS, "kind", "test")))
@@ -85,10 +89,14 @@ class ResultsIndex:
         """
         try:
             frame = pd.read_csv(path)
+            truncated = _truncation(path, frame)
         except pd.errors.EmptyDataError:
             return pd.DataFrame()
         except (OSError, pd.errors.ParserError, UnicodeDecodeError) as exc:
             self._problem(path, f"unreadable table: {exc}".splitlines()[0])
+            return pd.DataFrame()
+        if truncated:
+            self._problem(path, f"truncated table, not used: {truncated}")
             return pd.DataFrame()
         if target is not None and not frame.empty:
             frame["target"] = target
@@ -139,6 +147,19 @@ class ResultsIndex:
         names = {name for t in self.targets for name, _ in self.artifacts(t)}
         return sorted(names)
 
+    def benchmarks(self, target: str) -> list[dict[str, Any]]:
+        """Snakemake's ``benchmark:`` records of a target's jobs (``benchmarks/*.jsonl``, one job each)."""
+        records = []
+        for path in sorted(self.path(target, "benchmarks").glob("*.jsonl")):
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+                rows = [json.loads(line) for line in lines if line.strip()]
+            except (OSError, json.JSONDecodeError) as exc:
+                self._problem(path, f"unreadable benchmark record: {exc}")
+                continue
+            records.extend({**row, "job": path.stem} for row in rows if isinstance(row, dict))
+        return records
+
     def logs(self, target: str) -> list[Path]:
         log_dir = self.path(target, "logs")
         return sorted(log_dir.rglob("*.log")) if log_dir.is_dir() else []
@@ -162,6 +183,22 @@ class ResultsIndex:
         best = max(scores.values(), default=0)
         # Only the logs naming the most of step, artifact and hints: the job of that op *and* implementation.
         return [log for log, value in scores.items() if value == best] if best else []
+
+
+def _truncation(path: Path, frame: pd.DataFrame) -> str | None:
+    """Why a CSV that parsed is still cut short, or None. The workflow writes whole files atomically, ending
+    in a newline; a copy cut mid-row still parses, with the missing cells empty."""
+    with open(path, "rb") as fh:
+        fh.seek(-1, 2)
+        if fh.read(1) != b"\n":
+            return "the file does not end with a complete line"
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        return f"missing column(s) {missing}"
+    empty = frame[list(REQUIRED_COLUMNS)].isna().any(axis=1)
+    if empty.any():
+        return f"row(s) {[int(i) + 2 for i in frame.index[empty][:5]]} lack {list(REQUIRED_COLUMNS)} (line numbers)"
+    return None
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

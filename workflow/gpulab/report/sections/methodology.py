@@ -7,6 +7,12 @@ ran.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 import pandas as pd
@@ -75,6 +81,79 @@ def correctness_thresholds(config: dict[str, Any]) -> pd.DataFrame | None:
                          for k, v in defaults.items()])
 
 
+_WILDCARD = re.compile(r"\{(\w+)(?:,[^}]*)?\}")
+
+
+def _job_outputs(record: Mapping[str, Any], rule_outputs: Mapping[str, Sequence[str]]) -> set[str]:
+    """The files one job wrote: its rule's output patterns with the job's wildcards filled in."""
+    wildcards = record.get("wildcards") or {}
+    paths = set()
+    for pattern in rule_outputs.get(record.get("rule_name", ""), ()):
+        try:
+            paths.add(os.path.normpath(_WILDCARD.sub(lambda m: str(wildcards[m.group(1)]), pattern)))
+        except KeyError:
+            continue
+    return paths
+
+
+def critical_path(records: Sequence[Mapping[str, Any]], rule_outputs: Mapping[str, Sequence[str]]) -> list[str]:
+    """The chain of jobs, each needing the previous one's output, with the largest total wall time.
+
+    A job depends on another when one of its recorded inputs is among the other's outputs; the run cannot
+    finish sooner than this chain, however many cores it has."""
+    outputs = {r["job"]: _job_outputs(r, rule_outputs) for r in records}
+    preds = {
+        r["job"]: [j for j, produced in outputs.items()
+                   if j != r["job"] and produced & {os.path.normpath(p) for p in r.get("input_size_mb") or {}}]
+        for r in records
+    }
+    seconds = {r["job"]: float(r.get("s") or 0.0) for r in records}
+
+    @cache
+    def longest(job: str) -> tuple[float, tuple[str, ...]]:
+        best = max((longest(p) for p in preds[job]), default=(0.0, ()))
+        return best[0] + seconds[job], (*best[1], job)
+
+    return list(max((longest(j) for j in preds), default=(0.0, ()))[1])
+
+
+def _params_hash(params: Any) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """Per target and job: wall time, CPU time and peak memory from Snakemake's benchmark records, the hash
+    of the job's params (its part of the configuration) and whether it is on the critical path."""
+    rule_outputs = (ctx.config.get("_workflow") or {}).get("rule_outputs") or {}
+    rows, paths = [], {}
+    for target in ctx.results.targets:
+        records = ctx.results.benchmarks(target)
+        path = critical_path(records, rule_outputs) if rule_outputs else []
+        paths[target] = path
+        for r in records:
+            rows.append({
+                "target": target,
+                "step": r["job"],
+                "wall (s)": float(r.get("s") or 0.0),
+                "CPU (s)": pd.to_numeric(r.get("cpu_time"), errors="coerce"),
+                "max RSS (MB)": pd.to_numeric(r.get("max_rss"), errors="coerce"),
+                "params hash": _params_hash(r["params"]) if "params" in r else "–",
+                "critical path": "yes" if r["job"] in path else "",
+            })
+    frame = pd.DataFrame(rows)
+    if not frame.empty:
+        frame = frame.sort_values(["target", "wall (s)"], ascending=[True, False], ignore_index=True)
+    return frame, paths
+
+
+def step_params(ctx: Any) -> pd.DataFrame:
+    """Each job's params as it ran (extended benchmark records): the configuration every step really used."""
+    rows = [{"target": t, "step": r["job"], "params hash": _params_hash(r["params"]),
+             "params": json.dumps(r["params"], sort_keys=True, default=str)}
+            for t in ctx.results.targets for r in ctx.results.benchmarks(t) if "params" in r]
+    return pd.DataFrame(rows)
+
+
 def build(ctx: Any) -> dict[str, Any] | None:
     timing = TimingSettings.from_config(ctx.config.get("timing"))
     envs = {t: ctx.results.env(t) or {} for t in ctx.results.targets}
@@ -83,15 +162,12 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "fingerprint": env.get("fingerprint", "–"),
         "workflow commit": ((env.get("git") or {}).get("commit") or "–")[:12],
         "uncommitted changes": (env.get("git") or {}).get("dirty"),
-        "config hash": env.get("config_hash", "–"),
         "captured": env.get("captured_at", "–"),
         "host": env.get("host", "–"),
     } for t, env in envs.items()])
     config = {k: v for k, v in ctx.config.items() if not k.startswith("_")}
-    page_hash = config_hash(ctx.config)
-    # Results copied in from another machine or an earlier run were made with their own configuration;
-    # only its hash is recorded with them, so say when it is not the one printed below.
-    other_config = sorted(t for t, env in envs.items() if env.get("config_hash") not in (None, page_hash))
+    page_hash = config_hash(config)
+    times, paths = step_times(ctx)
     return {
         "timing": timing,
         "gpu_flush_mib": GPU_FLUSH_BYTES // 2**20,
@@ -102,7 +178,13 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "thresholds": correctness_thresholds(ctx.config),
         "provenance": provenance,
         "page_hash": page_hash,
-        "other_config": other_config,
+        "step_times": times,
+        "critical_paths": {t: {"steps": p, "seconds": float(times[(times["target"] == t)
+                                                                   & times["step"].isin(p)]["wall (s)"].sum()),
+                               "total": float(times[times["target"] == t]["wall (s)"].sum())}
+                           for t, p in paths.items() if p},
+        "rule_outputs_known": bool((ctx.config.get("_workflow") or {}).get("rule_outputs")),
+        "step_params": step_params(ctx),
         "config": config,
         "command": ctx.command,
         "git": git_state(),

@@ -1,0 +1,114 @@
+"""What the workflow records about its own run: the source files each step depends on, the failure summary,
+the critical path of the benchmark records, and the report's refusal of cut-off tables."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from gpulab.bench.sizes import resolve_sizes
+from gpulab.device import detect
+from gpulab.failures import failure_summary, final_error, log_offsets
+from gpulab.report.results import ResultsIndex
+from gpulab.report.sections.methodology import critical_path
+from gpulab.sources import kernel_sources, step_sources
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_step_sources_are_the_import_closure_and_data_files():
+    cell = step_sources("bench_cell.py", REPO)
+    assert {"workflow/scripts/bench_cell.py", "workflow/gpulab/bench/runner.py", "workflow/gpulab/bench/impls.py",
+            "workflow/gpulab/timing.py", "workflow/gpulab/bench/__init__.py"} <= set(cell)
+    assert not any(p.startswith(("workflow/gpulab/llm/", "workflow/gpulab/mlp/", "workflow/gpulab/report/"))
+                   for p in cell)
+    assert not any(p.startswith("kernels/") for p in cell)  # per implementation, below
+    assert "kernels/ext/ops.cpp" in step_sources("build_extension.py", REPO)
+    assert "workflow/gpulab/llm/fast.py" in step_sources("llm_infer.py", REPO)
+    assert "workflow/gpulab/mlp/model.py" in step_sources("mlp_profile.py", REPO)
+    assert "workflow/gpulab/report/sections/methodology.py" in step_sources("report_render.py", REPO)
+    assert all((REPO / p).is_file() and not Path(p).is_absolute() for p in step_sources("llm_infer.py", REPO))
+
+
+def test_kernel_sources_per_implementation():
+    assert kernel_sources("triton", "softmax") == [
+        "kernels/triton/softmax.py", "kernels/triton/config.py", "kernels/triton/__init__.py"]
+    assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op))
+    assert kernel_sources("native", "gelu") == []
+
+
+def test_a_cell_gets_its_ops_own_list_of_sizes():
+    info = detect()
+    # What workflow/rules/bench.smk hands a cell: the op's own list from bench.sizes.
+    assert resolve_sizes("gelu", [1048576, 1048576, 5], info) == [(1048576,), (5,)]
+    assert resolve_sizes("softmax", [[4096, 1024]], info) == [(4096, 1024)]
+    with pytest.raises(ValueError, match=r"the sizes of softmax"):
+        resolve_sizes("softmax", "big", info)
+
+
+def test_failure_summary_reads_only_what_this_run_added(tmp_path):
+    logs = tmp_path / "results/local/logs"
+    logs.mkdir(parents=True)
+    old = logs / "bench_cell_gelu__triton.log"
+    old.write_text("Traceback (most recent call last):\n  File x\nValueError: from an earlier run\n")
+    offsets = log_offsets(tmp_path / "results")
+    old.write_text(old.read_text() + "Traceback (most recent call last):\n  File \"s.py\", line 3\n"
+                   "gpulab.tables.StrictModeError: strict mode: 1 outcome(s) of bench gelu/triton are not ok:\n"
+                   "  - skipped: Triton needs a GPU [op=gelu, size=4096]\n2026 INFO later line\n")
+    (logs / "env_capture.log").write_text("all fine\n")
+    summary = failure_summary(tmp_path / "results", offsets)
+    assert summary.startswith("gpulab: 1 step(s) failed")
+    assert "bench_cell_gelu__triton.log" in summary and "Triton needs a GPU [op=gelu, size=4096]" in summary
+    assert "earlier run" not in summary and "later line" not in summary
+    assert failure_summary(tmp_path / "results", log_offsets(tmp_path / "results")) is None
+    # A log Snakemake replaced (shorter than before) is this run's output from its start.
+    offsets = log_offsets(tmp_path / "results")
+    old.unlink()
+    old.write_text("Traceback (most recent call last):\n  File x\nOSError: disk full\n")
+    assert "OSError: disk full" in failure_summary(tmp_path / "results", offsets)
+    assert final_error("no traceback here") is None
+
+
+def record(job, rule, seconds, inputs, **wildcards):
+    return {"job": job, "rule_name": rule, "s": seconds, "wildcards": {"target": "t", **wildcards},
+            "input_size_mb": {p: 0.0 for p in inputs}}
+
+
+def test_critical_path_follows_inputs_and_wall_time():
+    outputs = {"env": ["results/{target}/env/env.json"], "cell": ["results/{target}/bench/cells/{op}.csv"],
+               "agg": ["results/{target}/bench/{op}.csv"], "build": ["results/{target}/build/ext.csv"]}
+    records = [
+        record("env", "env", 10, ["workflow/gpulab/env_capture.py"]),
+        record("build", "build", 30, ["results/t/env/env.json"]),
+        record("cell_a", "cell", 5, ["results/t/env/env.json"], op="a"),
+        record("cell_b", "cell", 50, ["results/t/env/env.json", "results/t/build/ext.csv"], op="b"),
+        record("agg_a", "agg", 1, ["results/t/bench/cells/a.csv"], op="a"),
+        record("agg_b", "agg", 1, ["results/t/bench/cells/b.csv"], op="b"),
+    ]
+    assert critical_path(records, outputs) == ["env", "build", "cell_b", "agg_b"]
+    # Without the dependency on the build, the build (40 s) no longer lies on the longest chain (61 s).
+    records[3]["input_size_mb"] = {"results/t/env/env.json": 0.0}
+    assert critical_path(records, outputs) == ["env", "cell_b", "agg_b"]
+    assert critical_path([], outputs) == []
+
+
+@pytest.mark.parametrize("cut", ["mid_row", "header_only_columns", "empty_required"])
+def test_report_refuses_a_truncated_table(tmp_path, cut):
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "tests/fixtures/report/results", results)
+    path = results / "cpu/bench/gelu.csv"
+    text = path.read_text()
+    if cut == "mid_row":
+        text = text[: len(text) - 40]  # still parses: the last row's trailing cells read as empty
+    elif cut == "header_only_columns":
+        lines = text.splitlines()
+        text = "\n".join(",".join(line.split(",")[3:]) for line in lines) + "\n"
+    else:
+        lines = text.splitlines()
+        text = "\n".join([lines[0], "," * lines[0].count(","), *lines[1:]]) + "\n"
+    path.write_text(text)
+    index = ResultsIndex(results)
+    assert index.table("bench/gelu.csv").empty
+    assert any(p.path == "cpu/bench/gelu.csv" and "truncated table" in p.message for p in index.problems), \
+        index.problems

@@ -1,0 +1,142 @@
+"""Reruns follow edits, as a user sees them: a small real run of the workflow in a copy of the repository,
+then dry runs after an edit, a config change or a move of the checkout; and strict mode's one summary.
+
+The run is small (one dtype, two ops, explicit sizes, a one-layer MLP, a few LLM tokens) but real: every
+job runs its script, so Snakemake records the params, inputs and code that decide reruns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = {
+    "timing": {"min_time_s": 0.01, "min_reps": 3, "max_reps": 5, "warmup_reps": 1, "flush_cache": False},
+    "ceilings": {"copy_mib": 1, "matmul_n": 64, "dtypes": ["fp32"]},
+    "build": {"standalone_sizes": [1024]},
+    "bench": {"ops": ["gelu", "add"], "impls": ["native", "triton"], "dtypes": ["fp32"],
+              "sizes": {"gelu": [4096, 1000], "add": [1024]}},
+    "mlp": {"dim": 16, "num_layers": 1, "batch": 4, "num_steps": 1, "variants": ["fp32"]},
+    "llm": {"engines": ["hf"], "prompt_tokens": 8, "gen_tokens": 4, "max_new_tokens": 4, "check_tokens": 4},
+}
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(workdir / "workflow"),
+           # The C++ extension compiled once for the repository serves the copies too (its key covers sources).
+           "GPULAB_CACHE_DIR": os.environ.get("GPULAB_CACHE_DIR", str(REPO / ".cache"))}
+    return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def copy_checkout(dest: Path) -> Path:
+    """The repository's tracked and untracked-but-not-ignored files, as a fresh clone would have them."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        if rel.startswith(("results/", "reports/")) or not (REPO / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, dest / rel)
+    (dest / "small.yaml").write_text(yaml.safe_dump(SMALL))
+    return dest
+
+
+def planned_jobs(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    """The dry run's job counts per rule (its 'Job stats' table); empty when nothing is to be done."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    if "Nothing to be done" in out:
+        return {}
+    table = out.split("Job stats:", 1)[1].split("Reasons:", 1)[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m[1] != "total"}
+
+
+def planned_outputs(proc: subprocess.CompletedProcess[str]) -> set[str]:
+    return set(re.findall(r"^\s+output: (.+)$", proc.stdout + proc.stderr, re.M))
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory) -> Path:
+    """A copy of the repository after a complete small run."""
+    work = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return work
+
+
+def dry_run(work: Path, *config: str) -> subprocess.CompletedProcess[str]:
+    return snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml", *config, timeout=120)
+
+
+def test_second_run_does_nothing(done):
+    assert planned_jobs(dry_run(done)) == {}
+
+
+def test_explicit_sizes_reach_the_cells(done):
+    cell = pd.read_csv(done / "results/local/bench/cells/gelu__native.csv")
+    assert sorted(cell["size"].astype(int).unique()) == [1000, 4096]
+    assert set(cell["status"]) == {"ok"}, cell[["size", "status", "reason"]]
+    assert set(pd.read_csv(done / "results/local/bench/cells/add__native.csv")["size"].astype(int)) == {1024}
+
+
+def test_every_job_has_a_benchmark_record_with_its_params(done):
+    records = sorted((done / "results/local/benchmarks").glob("*.jsonl"))
+    names = {p.stem for p in records}
+    assert {"env_capture", "bench_ceilings", "bench_cell_gelu__triton", "bench_aggregate_add", "mlp_profile",
+            "llm_infer_tiny__hf", "extension_build", "hip_standalone", "timing_pitfalls"} <= names
+    assert (done / "results/benchmarks/report_render.jsonl").is_file()
+    cell = json.loads((done / "results/local/benchmarks/bench_cell_gelu__native.jsonl").read_text())
+    assert cell["s"] > 0 and cell["params"]["sizes"] == [4096, 1000]
+    html = (done / "reports/report.html").read_text()
+    assert "Wall time per step" in html and "Critical path of" in html
+
+
+def test_editing_a_triton_kernel_reruns_that_cell_its_aggregate_and_the_report(done, tmp_path):
+    work = tmp_path / "edit"
+    shutil.copytree(done, work, symlinks=True)
+    kernel = work / "kernels/triton/gelu.py"
+    kernel.write_text(kernel.read_text() + "\n# edited\n")
+    proc = dry_run(work)
+    assert planned_jobs(proc) == {"bench_cell": 1, "bench_aggregate": 1, "report_render": 1, "all": 1}
+    assert planned_outputs(proc) == {"results/local/bench/cells/gelu__triton.csv", "results/local/bench/gelu.csv",
+                                     "reports/report.html"}
+
+
+def test_changing_llm_engines_reruns_no_bench_or_mlp_job(done):
+    jobs = planned_jobs(dry_run(done, "--config", "llm={engines: [hf, fast]}"))
+    assert jobs.get("llm_infer") == 1
+    assert not {j for j in jobs if j.startswith(("bench_", "mlp_", "env_", "extension", "hip_", "timing"))}, jobs
+
+
+def test_a_moved_checkout_reruns_nothing(done, tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(done, moved, symlinks=True)
+    assert planned_jobs(dry_run(moved)) == {}
+
+
+def test_strict_run_goes_on_and_ends_with_one_summary(done, tmp_path):
+    work = tmp_path / "strict"
+    shutil.copytree(done, work, symlinks=True)
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml", "--config", "strict=true")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "TypeError" not in out and "is not allowed" not in out
+    summary = out[out.index("step(s) failed (reasons from their logs)"):]
+    # keep-going: the independent Triton cells of both ops failed in the same run, each with its reason.
+    for step in ("bench_cell_gelu__triton.log", "bench_cell_add__triton.log"):
+        assert step in summary
+    assert "strict mode" in summary and "skipped" in summary
+    assert "size=4096," in summary and "size=4096.0" not in summary
