@@ -12,6 +12,8 @@ wildcard_constraints:
 rule bench_ceilings:
     input:
         env=result("env/env.json"),
+        # The extension's vector_add is one of the add ceiling's methods.
+        extension=EXTENSION_CSV,
     output:
         report(
             result("bench/ceilings.csv"),
@@ -26,6 +28,8 @@ rule bench_ceilings:
         **gpu_resources,
     params:
         ceilings=config["ceilings"],
+        max_tensor_mib=config["bench"]["max_tensor_mib"],
+        mlp=config["mlp"],
         timing=config["timing"],
         strict=config["strict"],
     script:
