@@ -115,7 +115,6 @@ class OpSpec:
     ) -> Iterator[tuple[slice, torch.Tensor]]:
         """float64 reference of the op on the (already rounded) inputs, in chunks of whole rows,
         so multi-GiB cases do not need a float64 copy of the whole tensor at once."""
-        import torch
 
         rows = inputs[0].shape[0]
         row_elems = max(1, inputs[0][0].numel()) if inputs[0].ndim > 1 else 1

@@ -55,7 +55,8 @@ BENCH = TableSchema(
         Column("bytes_moved", "int", "fewest bytes the op must move: inputs read once + output written once"),
         Column("flops", "int", "floating-point operations (tanh/exp counted as one)"),
         Column("device", "str", "device name the row ran on"),
-        Column("pattern", "str", "memory-access pattern of its ceiling: copy (1 read + 1 write) | add (2 reads + 1 write)"),
+        Column("pattern", "str", "memory-access pattern of its ceiling: copy (1 read + 1 write) | add (2 reads + "
+               "1 write)"),
         Column("rel_err", "float", "||out - ref|| / ||ref|| against float64, fresh random inputs (worst of the "
                "checked call and the last timed call)"),
         Column("max_abs_err", "float", "max |out - ref|"),
@@ -145,7 +146,7 @@ def _timed_and_checked(case: Case, ctx: BenchContext, settings: TimingSettings, 
                          tolerance)
     row.update({"rel_err": max(gate.rel_err, again.rel_err), "element_err_ratio":
                 max(gate.element_ratio, again.element_ratio), "max_abs_err": max(gate.max_abs_err, again.max_abs_err)})
-    row.update({"gpu_before": state_text(before), "gpu_after": state_text(after), "throttled": throttled(before, after)})
+    row.update(gpu_before=state_text(before), gpu_after=state_text(after), throttled=throttled(before, after))
     if not again.passed:
         return {**row, "status": "incorrect", "reason": f"the last timed call: {again.reason}"}
     return {**row, "status": "ok", "reason": "", **timing.as_row()}
