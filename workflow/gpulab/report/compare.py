@@ -5,7 +5,7 @@ targets the question is "how many times faster is this machine". Across runs it 
 median time change": decided from the repetition times each row stores (``times_ms``) by a 95%
 bootstrap confidence interval of the ratio of medians (new / baseline) that must exclude 1 **and** a
 point estimate at least ``min_effect`` (default 3%) away from 1. Fewer than 5 repetitions on either side
-gives "no verdict", said so. The Mann–Whitney U p-value is shown beside as a second opinion.
+gives "no verdict", said so.
 """
 
 from __future__ import annotations
@@ -155,7 +155,6 @@ class Verdict:
     ratio: float  # median new / median baseline (time: above 1 is slower)
     ci_low: float
     ci_high: float
-    mwu_p: float
     note: str = ""
 
 
@@ -173,19 +172,16 @@ def bootstrap_ratio_ci(a: np.ndarray, b: np.ndarray, resamples: int = BOOTSTRAP_
 def times_verdict(a: np.ndarray, b: np.ndarray, min_effect: float = MIN_EFFECT) -> Verdict:
     """Faster/slower only when the CI of the ratio of medians excludes 1 and the ratio is at least
     ``min_effect`` away from 1; fewer than MIN_REPS repetitions on either side: no verdict."""
-    from scipy.stats import mannwhitneyu
-
     if min(a.size, b.size) < MIN_REPS:
-        return Verdict(NO_VERDICT, _ratio(a, b), math.nan, math.nan, math.nan,
+        return Verdict(NO_VERDICT, _ratio(a, b), math.nan, math.nan,
                        f"fewer than {MIN_REPS} repetitions ({a.size} vs {b.size}): no verdict")
     ratio = _ratio(a, b)
     low, high = bootstrap_ratio_ci(a, b)
-    p = float(mannwhitneyu(a, b, alternative="two-sided").pvalue)
     if low > 1 and ratio >= 1 + min_effect:
-        return Verdict(SLOWER, ratio, low, high, p)
+        return Verdict(SLOWER, ratio, low, high)
     if high < 1 and ratio <= 1 - min_effect:
-        return Verdict(FASTER, ratio, low, high, p)
-    return Verdict(WITHIN, ratio, low, high, p)
+        return Verdict(FASTER, ratio, low, high)
+    return Verdict(WITHIN, ratio, low, high)
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float:
@@ -218,14 +214,14 @@ def _cell_times(row: Mapping[str, Any]) -> np.ndarray:
 
 def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
     if row["_merge"] == "left_only":
-        return Verdict(ONLY_A, math.nan, math.nan, math.nan, math.nan)
+        return Verdict(ONLY_A, math.nan, math.nan, math.nan)
     if row["_merge"] == "right_only":
-        return Verdict(ONLY_B, math.nan, math.nan, math.nan, math.nan)
+        return Verdict(ONLY_B, math.nan, math.nan, math.nan)
     status_a, status_b = row.get("status_a"), row.get("status_b")
     if status_a != status_b:
-        return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
+        return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
     if status_a is not None and status_a != "ok":
-        return Verdict(WITHIN, math.nan, math.nan, math.nan, math.nan, f"{status_a} in both runs")
+        return Verdict(WITHIN, math.nan, math.nan, math.nan, f"{status_a} in both runs")
     return times_verdict(_cell_times({k[:-2]: v for k, v in row.items() if k.endswith("_a")}),
                          _cell_times({k[:-2]: v for k, v in row.items() if k.endswith("_b")}), min_effect)
 
@@ -235,7 +231,7 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) and judge each.
 
     Columns: the keys, ``verdict``, ``change_pct`` of the median time (positive: slower; per-token time
-    for rows that only have tok/s), the CI of the time ratio, the Mann–Whitney p, a note, and each run's
+    for rows that only have tok/s), the 95% CI of the time ratio, a note, and each run's
     ``status``/``median_ms``/``p10_ms``/``p90_ms``/``cv``/``reps``/``stable`` (suffixes ``_a``, ``_b``).
     """
     if keys is None:
@@ -255,12 +251,11 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     merged["verdict"] = [v.verdict for v in judged]
     merged["change_pct"] = [100.0 * (v.ratio - 1.0) for v in judged]
     merged["ratio 95% CI"] = [f"{v.ci_low:.4f}–{v.ci_high:.4f}" if v.ci_low == v.ci_low else "" for v in judged]
-    merged["mann_whitney_p"] = [v.mwu_p for v in judged]
     merged["note"] = [v.note for v in judged]
     # What a reader looks for first (the verdict and the change) before the evidence, a run beside the other.
     shown = [c for c in keep if c not in ("times_ms",)]
     evidence = [f"{c}_{side}" for c in shown for side in ("a", "b") if f"{c}_{side}" in merged.columns]
-    merged = merged[[*keys, "verdict", "change_pct", "ratio 95% CI", "mann_whitney_p", "note", *evidence]]
+    merged = merged[[*keys, "verdict", "change_pct", "ratio 95% CI", "note", *evidence]]
     order = {v: i for i, v in enumerate(VERDICTS)}
     return merged.sort_values(by=["verdict", *keys], key=lambda s: s.map(order) if s.name == "verdict" else s,
                               ignore_index=True)
