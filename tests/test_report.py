@@ -366,7 +366,7 @@ def test_compare_flags_regressions_beyond_the_spread():
     assert [s["id"] for s in rendered.sections][:2] == ["summary", "changes"]
     assert "Comparison of two runs" in html
     for verdict in (SLOWER, STATUS_CHANGED):
-        assert f'class="verdict-{verdict.replace(" ", "-")}">{verdict}<' in html
+        assert f'<td class="verdict-{verdict.replace(" ", "-")}">{verdict}</td>' in html  # a table cell, not prose
     assert changed["slower"] in html and changed["incorrect"] in html
     assert "packages.torch" in html  # the environment difference that explains it
 

@@ -64,8 +64,8 @@ class Timing:
     first_call_ms: float
     timer: str  # device_event | perf_counter
     cache_policy: str  # flush | rotate:N | none
-    stable: bool
-    times_ms: str  # every repetition's time, space-separated (format_times / parse_times)
+    stable: bool = False  # see is_stable; measure() always sets it
+    times_ms: str = ""  # every repetition's time, space-separated (format_times / parse_times)
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)

@@ -58,8 +58,9 @@ def ceilings_table(ctx: Any) -> pd.DataFrame:
     keep = [c for c in ("target", "status", "kind", "dtype", "size", "method", "gbps", "tflops", "median_ms", "p10_ms",
                         "p90_ms", "cv", "reps", "stable", "timer", "reason") if c in frame.columns]
     # The ceilings themselves; every method's row is in the benchmark section.
-    best = frame["best"].astype(str).str.lower() == "true" if "best" in frame.columns else True
-    return frame[best][keep]
+    if "best" in frame.columns:
+        frame = frame[frame["best"].astype(str).str.lower() == "true"]
+    return frame[keep]
 
 
 def correctness_thresholds(config: dict[str, Any]) -> pd.DataFrame | None:
