@@ -128,6 +128,8 @@ def make_run_pair(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     broken = ok.index[ok.index != slow][-1]
     for column in ("median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms"):
         gelu.loc[slow, column] = gelu.loc[slow, column] * 3
+    if "times_ms" in gelu.columns:  # the repetition times the comparison's statistics use
+        gelu.loc[slow, "times_ms"] = " ".join(f"{3 * float(t):.5g}" for t in str(gelu.loc[slow, "times_ms"]).split())
     gelu.loc[broken, "status"] = "incorrect"
     gelu.loc[broken, "reason"] = "relative error 0.5 exceeds the fp32 tolerance 1e-05 (changed by the test)"
     gelu.to_csv(gelu_path, index=False)

@@ -1,5 +1,6 @@
-"""Benchmark matrices: the registry, the correctness gate, the statistics, size scaling, outcomes,
-aggregation and the report section (on the H100 rows in tests/fixtures/bench)."""
+"""Benchmark matrices: the registry, the one op definition and correctness gate, the statistics, the
+per-pattern ceilings and their invariant, size scaling, outcomes, aggregation and the report section
+(on the recorded runs in tests/fixtures/bench)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import pandas as pd
 import pytest
 import torch
 from gpulab.bench import impls
-from gpulab.bench.correctness import THRESHOLDS, relative_error, tolerance_for
-from gpulab.bench.ops import OPS, manual_gelu, op_spec, parse_shape
+from gpulab.bench.correctness import THRESHOLDS, tolerance_for
+from gpulab.bench.ops import ELEMENT_TOLERANCES, OPS, check, compare, manual_gelu, op_spec, parse_shape
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry, Unavailable
-from gpulab.bench.runner import BENCH, aggregate, rotation_sets, run_case, run_cell
+from gpulab.bench.runner import BENCH, aggregate, run_case, run_cell
 from gpulab.bench.sizes import (
     GPU_CAP_BYTES,
     ODD_ELEMENTS,
@@ -28,9 +29,9 @@ from gpulab.bench.sizes import (
     max_tensor_bytes,
     resolve_sizes,
 )
-from gpulab.ceilings import CEILINGS, Ceilings
+from gpulab.ceilings import CEILINGS, Ceilings, Hit, above_ceiling, curve_sizes, mark_best
 from gpulab.device import DeviceInfo
-from gpulab.timing import TimingSettings
+from gpulab.timing import TimingSettings, rotation_sets
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False)
@@ -56,7 +57,6 @@ def test_every_op_has_the_five_implementations_and_native_is_a_fused_single_op()
     for op in OPS:
         assert set(REGISTRY.impls(op)) == {"manual", "native", "cpp_ext", "triton", "torch_compile"}
     assert REGISTRY.get("gelu", "triton").writes_out and not REGISTRY.get("gelu", "native").writes_out
-    assert "fused" in REGISTRY.get("gelu", "native").description
 
 
 def test_registry_refuses_duplicates_and_names_what_exists():
@@ -106,6 +106,7 @@ def test_gate_passes_the_real_implementations_on_odd_sizes():
                 row = run_case(Case(op, impl, shape, dtype, "cpu"), ctx(), FAST)
                 assert row["status"] == "ok", (op, impl, dtype, row["reason"])
                 assert 0 < row["rel_err"] <= THRESHOLDS[dtype] / 2, (op, impl, dtype, row["rel_err"])
+                assert 0 < row["element_err_ratio"] <= 0.5, (op, impl, dtype, row["element_err_ratio"])
 
 
 def test_gate_catches_a_wrong_formula_and_does_not_time_it():
@@ -153,15 +154,95 @@ def test_inputs_are_random_never_zero_and_fresh_per_seed():
     assert torch.equal(a, spec.make_inputs((4096,), torch.float32, "cpu", seed=1)[0])
 
 
-def test_relative_error_is_the_norm_ratio_in_float64_chunked():
-    spec = op_spec("add")
-    a, b = spec.make_inputs((10_000,), torch.float64, "cpu", seed=3)
+def test_check_is_the_norm_ratio_in_float64_chunked():
+    a, b = op_spec("add").make_inputs((10_000,), torch.float64, "cpu", seed=3)
     ref = a + b
-    assert relative_error(spec, [a, b], ref * (1 + 1e-3), chunk_elems=999)[0] == pytest.approx(1e-3, rel=1e-9)
-    spec = op_spec("softmax")
-    (x,) = spec.make_inputs((37, 101), torch.float32, "cpu", seed=4)
-    rel, max_abs, nonfinite = relative_error(spec, [x], torch.softmax(x.double(), -1).float(), chunk_elems=500)
-    assert rel < 1e-7 and max_abs < 1e-7 and nonfinite == 0
+    got = check("add", ref * (1 + 1e-6), [a, b], "fp32", chunk_elems=999)
+    assert got.passed and got.rel_err == pytest.approx(1e-6, rel=1e-6)
+    (x,) = op_spec("softmax").make_inputs((37, 101), torch.float32, "cpu", seed=4)
+    got = check("softmax", torch.softmax(x.double(), -1).float(), [x], "fp32", chunk_elems=500)
+    assert got.passed and got.rel_err < 1e-7 and got.max_abs_err < 1e-7 and got.nonfinite == 0
+
+
+def test_the_element_bound_fails_one_wrong_element_the_norm_lets_through():
+    a, b = op_spec("add").make_inputs((1 << 16,), torch.bfloat16, "cpu", seed=5)
+    out = a + b
+    out[123] += 0.5
+    got = check("add", out, [a, b], "bf16")
+    assert got.rel_err < THRESHOLDS["bf16"]  # the norm alone would pass it
+    assert not got.passed and got.element_ratio > 1 and "an element is off" in got.reason
+
+
+def test_a_wrong_softmax_row_fails_and_any_nan_or_inf_fails():
+    (x,) = op_spec("softmax").make_inputs(ODD_ROWS, torch.bfloat16, "cpu", seed=6)
+    out = torch.softmax(x, -1)
+    out[7] = out[8]
+    assert not check("softmax", out, [x], "bf16").passed
+    for bad in (math.nan, math.inf):
+        y = torch.softmax(x, -1)
+        y[0, 0] = bad
+        got = check("softmax", y, [x], "bf16")
+        assert not got.passed and got.nonfinite == 1 and "not finite" in got.reason
+
+
+def test_one_definition_per_op_reference_bytes_pattern_and_extension_name():
+    x = torch.linspace(-4, 4, 101, dtype=torch.float64)
+    assert torch.allclose(OPS["gelu"].reference(x), torch.nn.functional.gelu(x, approximate="tanh"), atol=1e-8)
+    assert OPS["gelu"].reference(x.float()).dtype == torch.float64
+    assert {op: s.pattern for op, s in OPS.items()} == {"gelu": "copy", "softmax": "copy", "add": "add"}
+    assert {op: s.ext_op for op, s in OPS.items()} == {"gelu": "gelu_tanh", "softmax": "softmax_rows",
+                                                       "add": "vector_add"}
+    assert OPS["add"].bytes_moved((1000,), 2) == 6000 and OPS["softmax"].bytes_moved((10, 10), 4) == 800
+    ref = OPS["gelu"].reference(x)
+    assert compare(ref.float(), ref, "fp32").passed and not compare(x.float(), ref, "fp32").passed
+    assert set(ELEMENT_TOLERANCES) == set(THRESHOLDS)
+
+
+def test_the_gelu_formula_is_written_once_in_python(repo):
+    kappa = "0.04" + "4715"  # spelled apart so this test is not a hit itself
+    hits = subprocess.run(["git", "grep", "-n", kappa, "--", "*.py"], cwd=repo, capture_output=True,
+                          text=True).stdout.splitlines()
+    python = [h for h in hits if not h.startswith("kernels/")]
+    # kernels/triton has its own (a kernel language); gpulab/extension.py is listed for the lead to switch.
+    assert [h.split(":")[0] for h in python if "extension.py" not in h] == ["workflow/gpulab/bench/ops.py"]
+
+
+def test_the_gate_fails_an_implementation_that_mutates_its_inputs():
+    def in_place(case, inputs, out):
+        return lambda: inputs[0].add_(inputs[1])
+
+    row = _gate("add", in_place)
+    assert row["status"] == "incorrect" and "changed its input 0" in row["reason"]
+
+
+def test_the_gate_checks_the_output_of_the_last_timed_call():
+    calls = []  # shared by the closures of every input set: only the gate's call is right
+
+    def right_once(case, inputs, out):
+        def run():
+            calls.append(1)
+            y = manual_gelu(inputs[0])
+            return y if len(calls) == 1 else y * 1.01
+
+        return run
+
+    row = _gate("gelu", right_once)
+    assert row["status"] == "incorrect" and row["reason"].startswith("the last timed call:")
+
+
+def test_the_timed_closure_is_the_checked_one_with_its_poisoned_out_buffer():
+    made = []
+
+    def into_out(case, inputs, out):
+        made.append(out)
+        return lambda: torch.add(inputs[0], inputs[1], out=out)
+
+    registry = Registry()
+    registry.register("add", "under_test", writes_out=True)(into_out)
+    row = run_case(Case("add", "under_test", (4096,), "fp32", "cpu"), ctx(), replace(FAST, flush_cache=True),
+                   registry=registry)
+    assert row["status"] == "ok" and len(made) == 1  # one closure: checked, then timed (cache flushed: one set)
+    assert not torch.isnan(made[0]).any()  # the poisoned buffer the gate checked was written
 
 
 def test_tolerances_come_from_config_over_the_defaults():
@@ -172,36 +253,54 @@ def test_tolerances_come_from_config_over_the_defaults():
 # ------------------------------------------------------------------------------ statistics
 
 
-def test_row_statistics_follow_from_bytes_moved_and_the_measured_ceiling(tmp_path):
-    rows = [{"target": "test", "fingerprint": "fp", "status": "ok", "kind": "copy", "dtype": d, "size": 1,
-             "gbps": 8.0} for d in ("fp32", "bf16")]
-    CEILINGS.write(rows, tmp_path / "ceilings.csv")
+def _ceiling_rows(gbps_by_pattern: dict[str, float], sizes=(2**18, 2**20), dtypes=("fp32", "bf16")) -> list[dict]:
+    rows = []
+    for kind, gbps in gbps_by_pattern.items():
+        for size in sizes:
+            for dtype in dtypes:
+                for method, scale in (("torch", 1.0), ("other", 0.5)):
+                    rows.append({"target": "test", "fingerprint": "fp", "status": "ok", "kind": kind, "dtype": dtype,
+                                 "size": str(size), "tensor_bytes": size, "method": method,
+                                 "gbps": gbps * scale * (2 if size > 2**18 else 1), "p10_ms": 1.0, "p90_ms": 1.1})
+    return mark_best(rows)
+
+
+def test_row_statistics_follow_from_bytes_moved_and_the_pattern_ceiling(tmp_path):
+    CEILINGS.write(_ceiling_rows({"copy": 8.0, "add": 4.0}), tmp_path / "ceilings.csv")
     ceilings = Ceilings.load(tmp_path / "ceilings.csv")
     out = run_cell("add", "native", shapes=[(1 << 16,)], dtypes=["fp32", "bf16"], settings=FAST, ctx=ctx(),
                    fingerprint="fp", ceilings=ceilings, progress=False)
     for row in out:
         itemsize = 4 if row["dtype"] == "fp32" else 2
-        assert row["bytes_moved"] == 3 * (1 << 16) * itemsize
+        assert row["bytes_moved"] == 3 * (1 << 16) * itemsize and row["pattern"] == "add"
         assert row["gbps"] == pytest.approx(row["bytes_moved"] / (row["median_ms"] / 1e3) / 1e9)
-        assert row["gbps_p10"] <= row["gbps"] <= row["gbps_p90"]
-        assert row["pct_of_copy_bw"] == pytest.approx(100 * row["gbps"] / 8.0)
+        assert row["ceiling_gbps"] == 4.0 and row["ceiling_bytes"] == 2**18 and row["ceiling_method"] == "torch"
+        assert row["pct_of_ceiling"] == pytest.approx(100 * row["gbps"] / 4.0)
         assert row["gflops"] == pytest.approx((1 << 16) / (row["median_ms"] / 1e3) / 1e9)
         assert row["reps"] >= FAST.min_reps and row["timer"] == "perf_counter"
         assert row["method"].startswith("perf_counter, median of")
-        assert row["p10_ms"] <= row["median_ms"] <= row["p90_ms"] and row["cold_call_ms"] > 0
+        assert row["cold_call_ms"] > 0 and len(row["times_ms"].split()) == row["reps"]
+        assert row["throttled"] == "unknown: no GPU (cpu backend)"
+    BENCH.frame([{"target": "t", "fingerprint": "fp", **r} for r in out])
 
 
-def test_copy_curve_gives_the_copy_rate_for_the_bytes_a_case_moves(tmp_path):
-    from gpulab.ceilings import copy_curve_sizes
+def test_ceiling_lookup_takes_the_best_method_at_the_nearest_size_of_the_pattern():
+    ceilings = Ceilings(CEILINGS.frame(_ceiling_rows({"read": 10.0, "copy": 8.0, "add": 4.0})))
+    assert ceilings.lookup("copy", "fp32", 2**18).gbps == 8.0
+    assert ceilings.lookup("copy", "fp32", 2**19 + 2**17).gbps == 16.0  # nearer 1 MiB in log size
+    assert ceilings.lookup("add", "fp32", 10).tensor_bytes == 2**18  # below the curve: its smallest size
+    assert ceilings.lookup("add", "fp16", 2**20).gbps == 8.0  # another dtype's when fp16 was not measured
+    assert ceilings.read_gbps("bf16") == 20.0 and ceilings.copy_gbps("fp32") == 16.0
+    assert math.isnan(ceilings.lookup("matmul", "fp32", 1).gbps)
+    assert curve_sizes(2**30) == [2**18, 2**20, 2**22, 2**24, 2**26, 2**28, 2**30]
+    assert curve_sizes(16 * 2**20)[-1] == 16 * 2**20 and curve_sizes(5 * 2**20)[-1] == 16 * 2**20
 
-    assert copy_curve_sizes(2**30) == [4 * 2**20, 16 * 2**20, 64 * 2**20, 256 * 2**20]
-    assert copy_curve_sizes(4 * 2**20) == []
-    ceilings = Ceilings.load(FIXTURES / "h100" / "bench" / "ceilings.csv")
-    assert ceilings.copy_gbps_for(2 * 16 * 2**20) == pytest.approx(2036.07, rel=1e-4)  # a measured point
-    between = ceilings.copy_gbps_for(2 * 32 * 2**20)
-    assert 2036 < between < 2713  # log-interpolated between the 16 and 64 MiB copies
-    assert ceilings.copy_gbps_for(2 * 2**40) == pytest.approx(ceilings.copy_gbps("fp32"), rel=1e-3)
-    assert ceilings.copy_gbps_for(10) == pytest.approx(1040.25, rel=1e-4)  # below the curve: its smallest copy
+
+def test_a_row_may_exceed_its_ceiling_only_by_the_spread_of_both():
+    ceiling = Hit(100.0, 2**20, "memcpy", 1.02)
+    assert not above_ceiling(103.0, ceiling, 1.01)  # 100 x 1.02 x 1.01 = 103.02
+    assert above_ceiling(103.1, ceiling, 1.01)
+    assert not above_ceiling(500.0, Hit(math.nan, math.nan, "", math.nan), 1.0)
 
 
 def test_inputs_rotate_past_the_cache_only_when_it_is_not_flushed():
@@ -328,17 +427,114 @@ def test_triton_kernels_are_correct_in_the_interpreter():
     pytest.importorskip("triton")
     code = (
         "import torch\n"
-        "from gpulab.bench.correctness import relative_error\n"
-        "from gpulab.bench.ops import op_spec\n"
+        "from gpulab.bench.ops import check\n"
         "from gpulab.kernels.triton.gelu import gelu\n"
         "from gpulab.kernels.triton.add import add\n"
         "from gpulab.kernels.triton.softmax import softmax\n"
         "x = torch.randn(98432) * 2; y = torch.randn(98432); m = torch.randn(1823, 781) * 3\n"
-        "assert relative_error(op_spec('gelu'), [x], gelu(x))[0] < 1e-6\n"
-        "assert relative_error(op_spec('add'), [x, y], add(x, y))[0] < 1e-6\n"
-        "assert relative_error(op_spec('softmax'), [m], softmax(m))[0] < 1e-6\n"
+        "assert check('gelu', gelu(x), [x], 'fp32').passed\n"
+        "assert check('add', add(x, y), [x, y], 'fp32').passed\n"
+        "assert check('softmax', softmax(m), [m], 'fp32').passed\n"
         "w = torch.randn(3, 9000) * 3\n"
-        "assert relative_error(op_spec('softmax'), [w], softmax(w, looped_block=1024))[0] < 1e-6\n"
+        "assert check('softmax', softmax(w, looped_block=1024), [w], 'fp32').passed\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _runs() -> list[str]:
+    """Recorded runs under tests/fixtures/bench (<target>/bench/*.csv) in the current schema."""
+    found = []
+    for run in sorted(p for p in FIXTURES.iterdir() if (p / "bench" / "ceilings.csv").is_file()):
+        if "best" in pd.read_csv(run / "bench" / "ceilings.csv", nrows=1).columns:
+            found.append(run.name)
+    return found
+
+
+RUNS = _runs()
+
+
+def _section(run: str, tmp_path: Path, extra_rows: pd.DataFrame | None = None) -> dict:
+    """The report section over one recorded run (optionally with rows added to its gelu table)."""
+    import json
+    import shutil
+
+    from gpulab.report.render import ReportContext
+    from gpulab.report.results import ResultsIndex
+    from gpulab.report.sections import bench
+
+    root = tmp_path / "results"
+    shutil.copytree(FIXTURES / run, root / run)
+    if extra_rows is not None:
+        path = root / run / "bench" / "gelu.csv"
+        pd.concat([pd.read_csv(path), extra_rows], ignore_index=True).to_csv(path, index=False)
+    env = root / run / "env" / "env.json"
+    if not env.is_file():
+        env.parent.mkdir(parents=True, exist_ok=True)
+        env.write_text(json.dumps({"fingerprint": "fixture", "device": {"name": run, "gpu_available": run != "local"}}))
+    return bench.build(ReportContext(ResultsIndex(root), root / "report.html", {}, "test"))
+
+
+def test_the_recorded_runs_exist_in_the_current_schema():
+    assert "local" in RUNS, "tests/fixtures/bench/local: refresh it from a CPU run of the workflow (see README.md)"
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_no_ok_row_exceeds_its_ceiling_beyond_the_spread(run):
+    ceilings = Ceilings.load(FIXTURES / run / "bench" / "ceilings.csv")
+    rows = pd.concat([BENCH.read(p) for p in sorted((FIXTURES / run / "bench").glob("*.csv"))
+                      if p.name != "ceilings.csv"], ignore_index=True)
+    ok = rows[rows["status"] == "ok"]
+    assert not ok.empty and ok["pattern"].isin(["copy", "add"]).all() and ok["stable"].notna().all()
+    above = []
+    for r in ok.itertuples(index=False):
+        hit = ceilings.lookup(r.pattern, r.dtype, r.tensor_bytes)
+        assert hit.gbps == pytest.approx(r.ceiling_gbps) and hit.method == r.ceiling_method
+        if above_ceiling(r.gbps, hit, r.p90_ms / r.p10_ms):
+            above.append(f"{r.op}/{r.impl} {r.size} {r.dtype}: {r.gbps:.4g} GB/s vs {hit.gbps:.4g} ({hit.method})")
+    assert not above, "rows above their ceiling (the ceiling is not trustworthy):\n" + "\n".join(above)
+    assert not ok["above_ceiling"].astype(str).str.lower().eq("true").any()
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_every_ceiling_has_a_winning_method_and_the_losers_are_kept(run):
+    table = CEILINGS.read(FIXTURES / run / "bench" / "ceilings.csv")
+    best = table[table["best"].astype(str).str.lower() == "true"]
+    for kind in ("read", "copy", "add", "matmul"):
+        mine = table[table["kind"] == kind]
+        assert not best[best["kind"] == kind].empty, kind
+        for _, group in mine[mine["status"] == "ok"].groupby(["dtype", "size"] if kind != "matmul" else ["dtype"]):
+            winner = group[group["best"].astype(str).str.lower() == "true"]
+            column = "tflops" if kind == "matmul" else "gbps"
+            assert len(winner) == 1 and winner[column].iloc[0] == group[column].max()
+    skipped = table[table["status"] == "skipped"]
+    assert skipped["reason"].str.len().gt(0).all()
+
+
+def test_report_section_builds_figures_and_fastest_only_from_correct_rows(tmp_path):
+    base = pd.read_csv(FIXTURES / "local" / "bench" / "gelu.csv")
+    fake = base[(base["status"] == "ok") & (base["impl"] == "native")].head(1).assign(
+        impl="cheater", status="incorrect", reason="relative error 1 exceeds", median_ms=1e-9, gbps=1e12)
+    section = _section("local", tmp_path, fake)
+    for op in section["ops"]:
+        assert [f.alt for t in op["targets"] for f in t["figures"]], op["op"]
+        assert not op["fastest"].empty and "cheater" not in set(op["fastest"]["fastest"])
+        assert {"manual", "native"} <= set(op["correctness"]["impl"])
+    assert (section["ceilings"]["method"].notna()).all() and section["above_ceiling"].empty
+
+
+def test_triton_ceiling_kernels_are_correct_in_the_interpreter():
+    pytest.importorskip("triton")
+    code = (
+        "import torch\n"
+        "from gpulab.kernels.triton import ceiling\n"
+        "x = torch.randn(98432); y = torch.randn(98432)\n"
+        "for block, warps in ceiling.SWEEP[:2]:\n"
+        "    out = torch.empty_like(x); partial = torch.empty(-(-x.numel() // block))\n"
+        "    assert torch.equal(ceiling.copy(x, out, block, warps), x)\n"
+        "    assert torch.equal(ceiling.add(x, y, out, block, warps), x + y)\n"
+        "    assert abs(float(ceiling.read(x, partial, block, warps).sum()) - float(x.sum())) < 1e-2\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
@@ -348,19 +544,9 @@ def test_triton_kernels_are_correct_in_the_interpreter():
 @pytest.fixture(scope="module")
 def h100_section(tmp_path_factory):
     """The report section over the benchmark rows measured on an H100 (tests/fixtures/bench/h100)."""
-    import shutil
-
-    from gpulab.report.render import ReportContext
-    from gpulab.report.results import ResultsIndex
-    from gpulab.report.sections import bench
-
-    root = tmp_path_factory.mktemp("results")
-    shutil.copytree(FIXTURES / "h100", root / "h100")
-    env = {"fingerprint": "dev", "device": {"name": "NVIDIA H100 80GB HBM3", "backend": "cuda", "gpu_available": True}}
-    (root / "h100" / "env").mkdir()
-    (root / "h100" / "env" / "env.json").write_text(pd.Series(env).to_json())
-    context = ReportContext(ResultsIndex(root), root / "report.html", {}, "test")
-    return bench.build(context)
+    if "h100" not in RUNS:
+        pytest.skip("tests/fixtures/bench/h100 predates the per-pattern ceilings: refresh it from a GPU run")
+    return _section("h100", tmp_path_factory.mktemp("h100"))
 
 
 def test_report_section_sets_the_study_gelu_beside_ours(h100_section):
@@ -371,24 +557,11 @@ def test_report_section_sets_the_study_gelu_beside_ours(h100_section):
     assert study.loc["manual", "h100 (ms)"] > 5 * study.loc["native", "h100 (ms)"]
 
 
-def test_report_section_checks_the_performance_goals_on_gpu_rows(h100_section):
+def test_report_section_goal_verdicts_follow_from_the_numbers(h100_section):
     goals = h100_section["goals"]
     assert set(goals["impl"]) == {"triton", "cpp_ext"} and set(goals["op"]) == {"gelu", "softmax", "add"}
     softmax = goals[goals["op"] == "softmax"]
-    assert set(softmax["size"]) == {"16384x1024", "4096x16384", "65536x256"} and set(softmax["dtype"]) == {"fp32",
-                                                                                                          "bf16"}
-    assert (goals.loc[goals["op"] != "softmax", "size"].astype(int) * 2 >= 256 * 2**20 / 2).all()
-    assert goals["verdict"].str.match(r"^(met|missed: .+)$").all()
-    # bf16 softmax at 32 MiB tensors: below 85% of the 1 GiB copy, yet about as fast as copying those bytes.
-    small = softmax[(softmax["dtype"] == "bf16") & (softmax["size"] != "4096x16384")]
-    assert (small["% of copy BW"] < 85).all() and (small["% of same-bytes copy"] > 95).all()
-
-
-def test_report_section_builds_figures_and_fastest_only_from_correct_rows(h100_section):
-    for op in h100_section["ops"]:
-        assert [f.alt for t in op["targets"] for f in t["figures"]], op["op"]
-        assert (op["fastest"]["fastest"].isin(["manual", "native", "cpp_ext", "triton", "torch_compile"])).all()
-        assert set(op["correctness"]["impl"]) == {"manual", "native", "cpp_ext", "triton", "torch_compile"}
-    ceilings = h100_section["ceilings"]
-    assert math.isclose(ceilings[(ceilings["kind"] == "copy") & (ceilings["dtype"] == "fp32")]["gbps"].iloc[0],
-                        3002.2309, rel_tol=1e-4)
+    assert set(softmax["size"]) == {"16384x1024", "4096x16384", "65536x256"}
+    for r in goals.to_dict("records"):
+        met = r["% of ceiling"] >= r["goal %"] and r["% slower than best(native, compile)"] <= 3.0
+        assert (r["verdict"] == "met") == met, r

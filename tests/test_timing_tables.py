@@ -2,11 +2,15 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
+from gpulab.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
 from gpulab.tables import Column, SchemaError, StrictModeError, TableSchema, enforce_strict, write_atomic
-from gpulab.timing import TIMING_COLUMNS, TimingSettings, measure, summarize
+from gpulab.timing import TIMING_COLUMNS, TimingSettings, is_stable, measure, parse_times, summarize
+
+ENV_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "env"
 
 
 def test_summarize_statistics():
@@ -84,10 +88,6 @@ def test_schema_round_trip_keeps_ints(tmp_path):
 
 
 def test_write_atomic_leaves_nothing_on_failure(tmp_path):
-    class Boom(str):
-        def __len__(self):
-            raise RuntimeError("boom")
-
     target = tmp_path / "a.txt"
     write_atomic(target, "ok")
     assert target.read_text() == "ok"
@@ -112,3 +112,70 @@ def test_measure_caps_wall_time_once_min_reps_are_done():
     timing = measure(lambda: time.sleep(0.002), settings)
     assert timing.reps >= 5
     assert time.perf_counter() - start < 1.0
+
+
+# ------------------------------------------------------------------------------ stability and machine state
+
+
+def test_the_stability_rule():
+    assert is_stable(1.0, 1.0, 0.05, 10)
+    assert not is_stable(1.11, 1.0, 0.05, 10)  # mean/median above 1.10: a stall in some repetitions
+    assert not is_stable(1.0, 1.0, 0.11, 10)  # cv above 0.10
+    assert not is_stable(1.0, 1.0, 0.0, 4)  # fewer than 5 repetitions: too few to judge
+    assert is_stable(1.10, 1.0, 0.10, 5)
+
+
+def test_measure_flags_a_stalled_repetition_and_keeps_every_time():
+    import time
+
+    calls = []
+
+    def sometimes_stalls():
+        calls.append(1)
+        time.sleep(0.05 if len(calls) == 6 else 0.001)
+
+    settings = TimingSettings(min_time_s=0.001, min_reps=10, max_reps=10, warmup_reps=1, flush_cache=False)
+    timing = measure(sometimes_stalls, settings)
+    times = parse_times(timing.times_ms)
+    assert len(times) == timing.reps == 10 and times.max() > 40
+    assert not timing.stable and timing.mean_ms / timing.median_ms > 1.10
+    steady = measure(lambda: time.sleep(0.002), settings)
+    assert steady.cv < 0.10 and steady.stable
+
+
+def test_measure_hands_back_the_output_of_the_last_timed_call():
+    outputs = iter(range(1000))
+    last = []
+    timing = measure(lambda: next(outputs), TimingSettings(min_time_s=0.001, min_reps=5, max_reps=5, warmup_reps=2,
+                                                            flush_cache=False), last=last)
+    assert last == [(0, 2 + timing.reps - 1)]  # 2 untimed calls, then the timed ones
+
+
+def test_nvidia_state_is_parsed_and_power_capping_counts_as_throttling():
+    idle = {"available": True, **parse_nvidia_state((ENV_FIXTURES / "nvidia_smi_state_h100.csv").read_text())}
+    capped = {"available": True,
+              **parse_nvidia_state((ENV_FIXTURES / "nvidia_smi_state_h100_throttled.csv").read_text())}
+    assert idle == {"available": True, "sm_clock_mhz": 1980.0, "mem_clock_mhz": 2619.0, "temp_c": 41.0,
+                    "power_w": 118.2, "throttle": ""}
+    assert capped["throttle"] == "sw_power_cap"
+    assert throttled(idle, idle) == "no" and throttled(idle, capped) == "yes: sw_power_cap"
+    with pytest.raises(ValueError, match="fields"):
+        parse_nvidia_state("1980, 2619\n")
+
+
+def test_rocm_state_is_parsed_from_the_tools_json_layout():
+    state = parse_rocm_state((ENV_FIXTURES / "rocm_smi_state_mi300x.json").read_text())
+    assert state == {"sm_clock_mhz": 2100.0, "mem_clock_mhz": 1300.0, "temp_c": 52.0, "power_w": 431.0,
+                     "throttle": None}
+    ok = {"available": True, **state}
+    assert throttled(ok, ok) == "unknown: the tool reports no throttle reasons"
+    with pytest.raises(ValueError, match="no AMD GPU"):
+        parse_rocm_state((ENV_FIXTURES / "rocm_smi_no_gpu.stdout").read_text())
+
+
+def test_absent_gpu_or_tool_is_recorded_not_raised(monkeypatch):
+    assert gpu_state("cpu") == {"available": False, "reason": "no GPU (cpu backend)"}
+    monkeypatch.setenv("PATH", "/nonexistent")
+    state = gpu_state("cuda")
+    assert not state["available"] and "nvidia-smi not found" in state["reason"]
+    assert throttled(state, state).startswith("unknown: nvidia-smi")

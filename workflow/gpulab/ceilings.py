@@ -1,13 +1,26 @@
-"""Measured hardware ceilings: device-to-device copy bandwidth and large-matmul rate, per dtype.
+"""Measured hardware ceilings, per memory-access pattern and for matmul, each the best of several methods.
 
-Numbers from spec sheets are not ceilings: every benchmark row is placed against what this machine
-measured here, with the project's timing function.
+Numbers from spec sheets are not ceilings, and neither is one method: a ceiling is the fastest of every
+way this machine was measured to do the same accesses, with the project's timing function. Memory
+patterns, over tensor sizes from 256 KiB up to at least the largest tensor the benchmark matrix uses:
+
+- ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (block/warp sweep).
+- ``copy`` (one read, one write): the runtime's memcpy (``copy_``); ``torch.neg`` into a buffer;
+  a Triton copy (sweep).
+- ``add`` (two reads, one write): ``torch.add`` into a buffer; a Triton add (sweep); the C++
+  extension's vectorized ``vector_add``.
+
+Matmul: ``torch.matmul`` over 4096³, 8192³ and the MLP's own GEMM shapes per dtype (smaller on CPU).
+Every method's row is kept (``best`` marks the winner of each pattern, dtype and size), so a reader sees
+which method set each ceiling. Triton and the extension need a GPU: on CPU their rows are ``skipped``
+with the reason.
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,41 +30,148 @@ import pandas as pd
 
 from gpulab.device import DeviceInfo, detect
 from gpulab.dtypes import ITEMSIZE, torch_dtype
+from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
-from gpulab.timing import TimingSettings, measure
+from gpulab.timing import TimingSettings, measure, rotation_sets
 
+log = logging.getLogger(__name__)
+
+STATE_COLUMNS = (
+    Column("gpu_before", "str", "GPU clocks/temperature/power/throttle reasons before the row (JSON; or why unknown)"),
+    Column("gpu_after", "str", "the same, after the row"),
+    Column("throttled", "str", "yes: <reasons> | no | unknown: <why>: did the GPU throttle during the row"),
+)
 CEILINGS = TableSchema(
     "ceilings",
     (
-        Column("kind", "str", "copy (device-to-device, bytes read + written) | copy_curve (the same copy at "
-               "smaller buffers: what moving that many bytes reaches) | matmul (square, 2n^3 flops)"),
+        Column("kind", "str", "read (1 read) | copy (1 read + 1 write) | add (2 reads + 1 write) | matmul"),
         Column("dtype", "str", "fp32 | tf32 | fp16 | bf16"),
-        Column("size", "int", "bytes per copy buffer, or the matmul side n (auto on CPU: smaller for slow dtypes)"),
-        Column("gbps", "float", "achieved GB/s (1e9 bytes/s), copy rows"),
-        Column("tflops", "float", "achieved TFLOP/s, matmul rows"),
+        Column("size", "str", "bytes per tensor (memory patterns) or MxNxK (matmul)"),
+        Column("tensor_bytes", "int", "bytes of one tensor (memory patterns)"),
+        Column("method", "str", "how it was measured: memcpy | torch.<op> | triton b<block> w<warps> | cpp_ext | ..."),
+        Column("best", "bool", "the fastest ok method of this kind, dtype and size: the ceiling"),
+        Column("bytes_moved", "int", "bytes read + written per call"),
+        Column("gbps", "float", "achieved GB/s (1e9 bytes/s), memory patterns"),
+        Column("tflops", "float", "achieved TFLOP/s, matmul rows (2MNK flops)"),
+        *STATE_COLUMNS,
     ),
     measured=True,
 )
-
-
-def resolve_sizes(config: Mapping[str, Any], info: DeviceInfo) -> tuple[int, int]:
-    """(copy bytes per buffer, matmul n) from config, where "auto" scales with the device."""
-    copy_mib = config.get("copy_mib", "auto")
-    matmul_n = config.get("matmul_n", "auto")
-    if copy_mib == "auto":
-        copy_mib = 1024 if info.gpu_available else 64
-        if info.gpu_available and info.total_memory_bytes:
-            copy_mib = min(copy_mib, info.total_memory_bytes // 2**20 // 8)
-    if matmul_n == "auto":
-        matmul_n = 8192 if info.gpu_available else 1024
-    return int(copy_mib) * 2**20, int(matmul_n)
-
-
-# One CPU product of the auto size should take at most this long: CPUs without native fp16/bf16 matrix
-# instructions emulate them (seen: 5 s for one 1024^3 bf16 product on a 2-core VM), and ten timed
-# repetitions of that would dominate the whole default CPU run.
+# Tensor-sized transfers per element of each pattern: reads + writes.
+PATTERN_TRANSFERS = {"read": 1, "copy": 2, "add": 3}
+PATTERN_INPUTS = {"read": 1, "copy": 1, "add": 2}
+MEMORY_PATTERNS = tuple(PATTERN_TRANSFERS)
+SMALLEST_TENSOR = 256 * 2**10
+SQUARE_SIDES = (4096, 8192)
+# One CPU product should take at most this long: CPUs without native fp16/bf16 matrix instructions emulate
+# them (seen: 5 s for one 1024^3 bf16 product on a 2-core VM).
 CPU_MATMUL_PROBE_S = 0.2
+CPU_SIDE = 1024
 MIN_MATMUL_N = 128
+
+Closure = Callable[[], object]
+# A method builds its closure from (inputs, output buffer); or it is a string: why it cannot run here.
+Builder = Callable[[Sequence[Any], Any], Closure]
+
+
+def curve_sizes(max_tensor_bytes: int, smallest: int = SMALLEST_TENSOR) -> list[int]:
+    """Tensor sizes of the memory ceilings: powers of four from ``smallest`` up to and including the
+    first at or above ``max_tensor_bytes`` (the largest tensor the benchmark matrix uses)."""
+    sizes, size = [], smallest
+    while True:
+        sizes.append(size)
+        if size >= max_tensor_bytes:
+            return sizes
+        size *= 4
+
+
+def _gpu_reasons(info: DeviceInfo, target: str) -> tuple[str, str]:
+    """Why Triton / the extension cannot be a method here ('' when they can)."""
+    if not info.gpu_available:
+        why = f"needs a GPU ({info.reason}); CPU ceilings use the torch methods"
+        return f"Triton {why}", f"the extension {why}"
+    from gpulab.bench.impls import extension_unavailable, triton_unavailable
+    from gpulab.bench.registry import BenchContext
+
+    ctx = BenchContext(info, target)
+    tri, ext = triton_unavailable(ctx), extension_unavailable(ctx)
+    return (tri.reason if tri else ""), (ext.reason if ext else "")
+
+
+def pattern_methods(pattern: str, triton_reason: str, ext_reason: str) -> dict[str, Builder | str]:
+    """Every method of one memory pattern: a builder, or the reason it cannot run here."""
+    import torch
+
+    methods: dict[str, Builder | str] = {}
+    if pattern == "read":
+        methods["torch.sum"] = lambda ins, out: (lambda: torch.sum(ins[0]))
+    elif pattern == "copy":
+        methods["memcpy"] = lambda ins, out: (lambda: out.copy_(ins[0]))
+        methods["torch.neg"] = lambda ins, out: (lambda: torch.neg(ins[0], out=out))
+    else:
+        methods["torch.add"] = lambda ins, out: (lambda: torch.add(ins[0], ins[1], out=out))
+        methods["cpp_ext"] = ext_reason or (lambda ins, out: (lambda op=torch.ops.gpulab.vector_add: op(*ins)))
+    from_sweep = _triton_methods(pattern) if not triton_reason else {}
+    methods.update(from_sweep or {"triton": triton_reason})
+    return methods
+
+
+def _triton_methods(pattern: str) -> dict[str, Builder]:
+    from gpulab.kernels.triton import ceiling
+
+    def build(block: int, warps: int) -> Builder:
+        if pattern == "read":
+            def read(ins: Sequence[Any], out: Any) -> Closure:
+                import torch
+
+                partial = torch.empty(-(-ins[0].numel() // block), device=ins[0].device, dtype=torch.float32)
+                return lambda: ceiling.read(ins[0], partial, block, warps)
+
+            return read
+        if pattern == "copy":
+            return lambda ins, out: (lambda: ceiling.copy(ins[0], out, block, warps))
+        return lambda ins, out: (lambda: ceiling.add(ins[0], ins[1], out, block, warps))
+
+    return {f"triton b{block} w{warps}": build(block, warps) for block, warps in ceiling.SWEEP}
+
+
+def timed_row(closures: Sequence[Closure], timing: TimingSettings, info: DeviceInfo) -> dict[str, Any]:
+    """Timing columns of one method, with the GPU's state read before and after."""
+    before = gpu_state(info.backend)
+    result = measure(list(closures), timing, info)
+    after = gpu_state(info.backend)
+    return {"status": "ok", "reason": "", **result.as_row(), "gpu_before": state_text(before),
+            "gpu_after": state_text(after), "throttled": throttled(before, after)}
+
+
+def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mapping[str, Builder | str],
+                    timing: TimingSettings, info: DeviceInfo) -> list[dict[str, Any]]:
+    """All methods of one pattern at one size and dtype: one row each."""
+    import torch
+
+    numel = tensor_bytes // ITEMSIZE[dtype]
+    moved = PATTERN_TRANSFERS[pattern] * numel * ITEMSIZE[dtype]
+    dev, tdtype = info.torch_device, torch_dtype(dtype)
+    base = {"kind": pattern, "dtype": dtype, "size": str(tensor_bytes), "tensor_bytes": tensor_bytes,
+            "bytes_moved": moved}
+    n_sets = rotation_sets(timing, info, (PATTERN_INPUTS[pattern] + 1) * tensor_bytes)
+    sets = [([torch.randn(numel, device=dev).to(tdtype) for _ in range(PATTERN_INPUTS[pattern])],
+             torch.empty(numel, device=dev, dtype=tdtype)) for _ in range(n_sets)]
+    rows = []
+    for name, builder in methods.items():
+        if isinstance(builder, str):
+            rows.append({**base, "method": name, "status": "skipped", "reason": builder})
+            continue
+        try:
+            row = timed_row([builder(ins, out) for ins, out in sets], timing, info)
+        except Exception as exc:  # one method failing (e.g. a Triton config that does not compile) is recorded
+            log.warning("%s %s %s %s: %s", pattern, dtype, tensor_bytes, name, exc)
+            row = {"status": "oom" if "out of memory" in str(exc).lower() else "failed",
+                   "reason": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+        if row["status"] == "ok":
+            row["gbps"] = moved / (row["median_ms"] / 1e3) / 1e9
+        rows.append({**base, "method": name, **row})
+    return rows
 
 
 def fit_cpu_matmul(n: int, dtype: Any, probe_s: float = CPU_MATMUL_PROBE_S) -> int:
@@ -70,13 +190,53 @@ def fit_cpu_matmul(n: int, dtype: Any, probe_s: float = CPU_MATMUL_PROBE_S) -> i
     return n
 
 
-def copy_curve_sizes(copy_bytes: int) -> list[int]:
-    """Buffer sizes of the copy curve: powers of four from 4 MiB up to (excluding) the main copy."""
-    sizes, size = [], 4 * 2**20
-    while size < copy_bytes:
-        sizes.append(size)
-        size *= 4
-    return sizes
+def matmul_shapes(mlp_config: Mapping[str, Any] | None, info: DeviceInfo, dtype: Any,
+                  square: int | None = None) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the matmul ceiling: squares (``square``, else 4096 and 8192 on a GPU, the largest fast
+    one up to 1024 on CPU) and the MLP's GEMMs: forward and input gradient (B x D x D), weight gradient
+    (D x D x B)."""
+    from gpulab.mlp.model import resolve_shape
+
+    if square is not None:
+        sides: tuple[int, ...] = (square,)
+    else:
+        sides = SQUARE_SIDES if info.gpu_available else (fit_cpu_matmul(CPU_SIDE, dtype),)
+    shapes = [(n, n, n) for n in sides]
+    mlp = resolve_shape(mlp_config or {}, info)
+    shapes += [(mlp.batch, mlp.dim, mlp.dim), (mlp.dim, mlp.dim, mlp.batch)]
+    return list(dict.fromkeys(shapes))
+
+
+def measure_matmul(modes: Sequence[str], mlp_config: Mapping[str, Any] | None, timing: TimingSettings,
+                   info: DeviceInfo, square: int | None = None) -> list[dict[str, Any]]:
+    import torch
+
+    rows = []
+    for mode in modes:
+        dtype = torch_dtype("fp32" if mode == "tf32" else mode)
+        for m, n, k in matmul_shapes(mlp_config, info, dtype, square):
+            a = torch.randn(m, k, device=info.torch_device, dtype=dtype)
+            b = torch.randn(k, n, device=info.torch_device, dtype=dtype)
+            previous = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+            try:
+                row = timed_row([lambda a=a, b=b: a @ b], timing, info)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = previous
+            rows.append({"kind": "matmul", "dtype": mode, "size": f"{m}x{n}x{k}", "method": "torch.matmul", **row,
+                         "tflops": 2 * m * n * k / (row["median_ms"] / 1e3) / 1e12})
+            del a, b
+    return rows
+
+
+def mark_best(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``best`` on the fastest ok method of each (kind, dtype, size); matmul: over all its shapes per dtype."""
+    df = pd.DataFrame(rows)
+    value = df["gbps"].where(df["kind"] != "matmul", df["tflops"]) if "tflops" in df else df["gbps"]
+    group = df["kind"] + "|" + df["dtype"] + "|" + df["size"].where(df["kind"] != "matmul", "")
+    ok = value.where(df["status"] == "ok")
+    winners = set(ok.groupby(group).idxmax().dropna().astype(int))
+    return [{**row, "best": i in winners} for i, row in enumerate(rows)]
 
 
 def measure_ceilings(
@@ -85,76 +245,44 @@ def measure_ceilings(
     *,
     target: str,
     fingerprint: str,
+    max_tensor_bytes: int | None = None,
+    mlp_config: Mapping[str, Any] | None = None,
     device: DeviceInfo | None = None,
 ) -> list[dict[str, Any]]:
-    import torch
+    """Every ceiling row of one target (the rule bench_ceilings)."""
+    from gpulab.bench.sizes import max_tensor_bytes as bench_max_bytes
 
     info = device or detect()
-    copy_bytes, n = resolve_sizes(config, info)
-    dev = info.torch_device
-    base = {"target": target, "fingerprint": fingerprint}
-    rows: list[dict[str, Any]] = []
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
+    copy_mib = config.get("copy_mib", "auto")
+    largest = (max_tensor_bytes or bench_max_bytes(info)) if copy_mib == "auto" else int(copy_mib) * 2**20
+    triton_reason, ext_reason = _gpu_reasons(info, target)
+    rows: list[dict[str, Any]] = []
+    for pattern in MEMORY_PATTERNS:
+        methods = pattern_methods(pattern, triton_reason, ext_reason)
+        for size in curve_sizes(largest):
+            for dtype in dtypes:
+                rows += measure_pattern(pattern, dtype, size, methods, timing, info)
+                log.info("%s %s %s: best %.4g GB/s", pattern, dtype, size,
+                         max((r.get("gbps") or 0.0) for r in rows[-len(methods):]))
     # TF32 is a CUDA-only matmul mode (ROCm has none); measured so tf32 variants have a ceiling.
-    matmul_modes = [*dtypes, "tf32"] if info.backend == "cuda" and "fp32" in dtypes else dtypes
-    for name in dtypes:
-        numel = copy_bytes // ITEMSIZE[name]
-        # Two source/destination pairs rotated, on top of the cache flush, so no copy hits the cache.
-        pairs = [
-            (
-                torch.randn(numel, device=dev).to(torch_dtype(name)),
-                torch.empty(numel, device=dev, dtype=torch_dtype(name)),
-            )
-            for _ in range(2)
-        ]
-        timing_row = measure([lambda s=s, d=d: d.copy_(s) for s, d in pairs], timing, info)
-        seconds = timing_row.median_ms / 1e3
-        rows.append(
-            {
-                **base,
-                "status": "ok",
-                "kind": "copy",
-                "dtype": name,
-                "size": copy_bytes,
-                "gbps": 2 * copy_bytes / seconds / 1e9,
-                **timing_row.as_row(),
-            }
-        )
-        del pairs
-    # Smaller copies reach less (launch and tail effects): the curve says what a kernel moving that many
-    # bytes can expect, for small benchmark cases whose share of the big copy's rate looks low.
-    for buffer_bytes in copy_curve_sizes(copy_bytes):
-        numel = buffer_bytes // ITEMSIZE["fp32"]
-        pairs = [(torch.randn(numel, device=dev), torch.empty(numel, device=dev)) for _ in range(2)]
-        timing_row = measure([lambda s=s, d=d: d.copy_(s) for s, d in pairs], timing, info)
-        rows.append({**base, "status": "ok", "kind": "copy_curve", "dtype": "fp32", "size": buffer_bytes,
-                     "gbps": 2 * buffer_bytes / (timing_row.median_ms / 1e3) / 1e9, **timing_row.as_row()})
-        del pairs
-    shrink = config.get("matmul_n", "auto") == "auto" and not info.gpu_available
-    for mode in matmul_modes:
-        dtype = torch_dtype("fp32" if mode == "tf32" else mode)
-        side = fit_cpu_matmul(n, dtype) if shrink else n
-        a = torch.randn(side, side, device=dev, dtype=dtype)
-        b = torch.randn(side, side, device=dev, dtype=dtype)
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
-        try:
-            timing_row = measure(lambda a=a, b=b: a @ b, timing, info)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-        rows.append(
-            {
-                **base,
-                "status": "ok",
-                "kind": "matmul",
-                "dtype": mode,
-                "size": side,
-                "tflops": 2 * side**3 / (timing_row.median_ms / 1e3) / 1e12,
-                **timing_row.as_row(),
-            }
-        )
-        del a, b
-    return rows
+    modes = [*dtypes, "tf32"] if info.backend == "cuda" and "fp32" in dtypes else dtypes
+    square = config.get("matmul_n", "auto")
+    rows += measure_matmul(modes, mlp_config, timing, info, None if square == "auto" else int(square))
+    return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """The ceiling a row is placed against: its rate, the size it was measured at, who won, its spread."""
+
+    gbps: float
+    tensor_bytes: float
+    method: str
+    spread: float  # p90 / p10 of the ceiling's repetition times
+
+
+MISS = Hit(math.nan, math.nan, "", math.nan)
 
 
 @dataclass(frozen=True)
@@ -167,32 +295,43 @@ class Ceilings:
     def load(cls, path: str | Path) -> Ceilings:
         return cls(CEILINGS.read(path))
 
-    def _value(self, kind: str, dtype: str, column: str) -> float:
-        hit = self.table[(self.table["kind"] == kind) & (self.table["dtype"] == dtype) & (self.table["status"] == "ok")]
-        return float(hit[column].iloc[0]) if not hit.empty else math.nan
+    def best(self, kind: str) -> pd.DataFrame:
+        t = self.table
+        return t[(t["kind"] == kind) & (t["status"] == "ok") & (t["best"].astype(str).str.lower() == "true")]
+
+    def lookup(self, pattern: str, dtype: str, tensor_bytes: float) -> Hit:
+        """The pattern's ceiling at the measured size nearest ``tensor_bytes`` (in log size), in ``dtype``
+        (another dtype's when this one was not measured)."""
+        rows = self.best(pattern)
+        if rows.empty:
+            return MISS
+        same = rows[rows["dtype"] == dtype]
+        rows = same if not same.empty else rows
+        sizes = pd.to_numeric(rows["tensor_bytes"], errors="coerce").astype(float)
+        distance = (np.log(sizes) - math.log(max(float(tensor_bytes), 1.0))).abs()
+        # Ties between dtypes at one size: the faster, so the fallback never understates the ceiling.
+        hit = rows.assign(_d=distance.round(9)).sort_values(["_d", "gbps"], ascending=[True, False]).iloc[0]
+        return Hit(float(hit["gbps"]), float(hit["tensor_bytes"]), str(hit["method"]),
+                   float(hit["p90_ms"]) / float(hit["p10_ms"]))
+
+    def largest(self, pattern: str, dtype: str) -> float:
+        """The pattern's ceiling at its largest measured size (GB/s), e.g. for a decode roofline."""
+        return self.lookup(pattern, dtype, math.inf).gbps
 
     def copy_gbps(self, dtype: str = "fp32") -> float:
-        value = self._value("copy", dtype, "gbps")
-        # Copy bandwidth hardly depends on dtype; fall back to any measured copy rather than NaN.
-        if math.isnan(value):
-            ok = self.table[(self.table["kind"] == "copy") & (self.table["status"] == "ok")]
-            value = float(ok["gbps"].max()) if not ok.empty else math.nan
-        return value
+        return self.largest("copy", dtype)
+
+    def read_gbps(self, dtype: str = "fp32") -> float:
+        return self.largest("read", dtype)
 
     def copy_gbps_for(self, bytes_moved: float) -> float:
-        """Copy bandwidth measured when moving about ``bytes_moved`` bytes (read + written), interpolated
-        in log size over the copy curve and the main copy; the main copy's rate beyond it."""
-        copies = self.table[(self.table["status"] == "ok") & self.table["kind"].isin(["copy", "copy_curve"])]
-        if copies.empty:
-            return math.nan
-        moved = (2 * copies["size"].astype(float)).to_numpy()
-        gbps = copies["gbps"].astype(float).to_numpy()
-        points = sorted(zip(moved, gbps, strict=True))
-        xs = [math.log(m) for m, _ in points]
-        return float(np.interp(math.log(max(bytes_moved, 1.0)), xs, [g for _, g in points]))
+        """The copy ceiling at the size moving about ``bytes_moved`` bytes (read + written)."""
+        return self.lookup("copy", "fp32", bytes_moved / 2).gbps
 
     def matmul_tflops(self, dtype: str) -> float:
-        return self._value("matmul", dtype, "tflops")
+        rows = self.best("matmul")
+        rows = rows[rows["dtype"] == dtype]
+        return float(rows["tflops"].max()) if not rows.empty else math.nan
 
 
 def pct_of(value: float, ceiling: float) -> float:
@@ -200,3 +339,11 @@ def pct_of(value: float, ceiling: float) -> float:
     if not ceiling or math.isnan(ceiling) or value is None or math.isnan(value):
         return math.nan
     return 100.0 * value / ceiling
+
+
+def above_ceiling(gbps: float, ceiling: Hit, row_spread: float) -> bool:
+    """The invariant: a row may exceed its ceiling only by the spread of both (p90/p10 of each)."""
+    if math.isnan(ceiling.gbps) or math.isnan(gbps):
+        return False
+    allowed = ceiling.gbps * (ceiling.spread if ceiling.spread == ceiling.spread else 1.0) * row_spread
+    return bool(gbps > allowed)

@@ -1,7 +1,8 @@
 """``gpulab``: render, compare and check reports outside Snakemake.
 
     gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory
-    gpulab compare BASELINE NEW [-o reports/compare.html]    the same report with per-cell deltas
+    gpulab compare BASELINE NEW [-o reports/compare.html] [--min-effect 3] [--fail-on regression]
+                                                             the same report with a verdict per cell
     gpulab check-report REPORT [--screenshot PNG] [--pdf PDF] open it in headless Chromium and check it
 """
 
@@ -65,8 +66,31 @@ def _compare(args: argparse.Namespace, command: str) -> int:
     if baseline.resolve() == new.resolve():
         raise SystemExit("gpulab: BASELINE and NEW are the same directory; nothing to compare")
     title = args.title or f"{config['report']['title']}: {new} against {baseline}"
+    min_effect = args.min_effect / 100
+    # The changes section reads the threshold from here (keys starting with "_" are not configuration).
+    config = {**config, "_min_effect": min_effect}
     rendered = render_report(new, Path(args.output), config, command, baseline_dir=baseline, title=title)
     _summarise(rendered)
+    return _verdicts(baseline, new, min_effect, args.fail_on)
+
+
+def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None) -> int:
+    """Print the per-cell verdict counts; with ``--fail-on regression``, exit 1 on any regression."""
+    from gpulab.report.compare import compare_runs, regressions
+    from gpulab.report.results import ResultsIndex
+
+    deltas = compare_runs(ResultsIndex(baseline), ResultsIndex(new), min_effect)
+    counts = deltas["verdict"].value_counts().to_dict() if not deltas.empty else {}
+    console.print("cells: " + (", ".join(f"{n} {v}" for v, n in counts.items()) or "none measured in both runs"))
+    bad = regressions(deltas) if not deltas.empty else deltas
+    for row in bad.to_dict("records"):
+        keys = ", ".join(f"{k}={row[k]}" for k in ("op", "impl", "size", "dtype", "variant", "model", "engine")
+                         if k in row and row[k] == row[k])
+        console.print(f"[red]{row['verdict']}[/] {row['target']} {row['artifact']} [{keys}] "
+                      f"{row['change_pct']:+.1f}% {row.get('note') or ''}")
+    if fail_on == "regression" and not bad.empty:
+        console.print(f"[red]gpulab compare: {len(bad)} regression(s) (--fail-on regression)[/]")
+        return 1
     return 0
 
 
@@ -113,13 +137,17 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--title", help="page title")
     report.set_defaults(run=_report)
 
-    compare = sub.add_parser("compare", help="render the report of NEW with deltas against BASELINE, flagging "
-                                             "changes larger than the measured spread")
+    compare = sub.add_parser("compare", help="render the report of NEW with a verdict per cell against BASELINE "
+                                             "(95% bootstrap CI of the ratio of medians and a minimum effect)")
     compare.add_argument("baseline", metavar="RESULTS_A", help="baseline results directory")
     compare.add_argument("new", metavar="RESULTS_B", help="new results directory")
     compare.add_argument("-o", "--output", default="reports/compare.html", help="HTML file (default: %(default)s)")
     compare.add_argument("--config", help="config file (default: ./config.yaml)")
     compare.add_argument("--title", help="page title")
+    compare.add_argument("--min-effect", type=float, default=3.0, metavar="PCT",
+                         help="smallest change of a median, in percent, that is flagged (default: %(default)s)")
+    compare.add_argument("--fail-on", choices=["regression"],
+                         help="exit 1 when a cell is significantly slower or stopped being ok (for CI jobs)")
     compare.set_defaults(run=_compare)
 
     check = sub.add_parser("check-report", help="open a report in headless Chromium and check it")

@@ -124,3 +124,98 @@ def parse_nvidia_smi_q(text: str) -> dict[str, Any]:
         elif path == ("Product Architecture",):
             device["architecture"] = value
     return result
+
+
+# ------------------------------------------------------------------------------ machine state per cell
+
+NVIDIA_QUERY = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw", "clocks_throttle_reasons.active")
+# nvidia-smi's clocks_throttle_reasons bits that mean the clocks were pulled down by the hardware or the
+# driver (power cap, hardware slowdown, thermal, power brake); idle and application-clock bits do not.
+NVIDIA_THROTTLE_BITS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sync_boost", 0x40: "sw_thermal",
+                        0x80: "hw_thermal", 0x100: "hw_power_brake"}
+ROCM_STATE_ARGS = ("--showclocks", "--showtemp", "--showpower", "--json")
+
+
+def _float(text: str | None) -> float | None:
+    if text is None:
+        return None
+    match = re.search(r"-?\d+(?:\.\d+)?", text)
+    return float(match[0]) if match else None
+
+
+def parse_nvidia_state(text: str, index: int = 0) -> dict[str, Any]:
+    """One GPU's line of ``nvidia-smi --query-gpu=<NVIDIA_QUERY> --format=csv,noheader,nounits``."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("nvidia-smi printed no GPU")
+    fields = [f.strip() for f in lines[min(index, len(lines) - 1)].split(",")]
+    if len(fields) != len(NVIDIA_QUERY):
+        raise ValueError(f"nvidia-smi printed {len(fields)} fields, expected {len(NVIDIA_QUERY)}: {lines[0]!r}")
+    reasons = None
+    if fields[4].lower().startswith("0x"):
+        bits = int(fields[4], 16)
+        reasons = ",".join(name for bit, name in NVIDIA_THROTTLE_BITS.items() if bits & bit)
+    return {"sm_clock_mhz": _float(fields[0]), "mem_clock_mhz": _float(fields[1]), "temp_c": _float(fields[2]),
+            "power_w": _float(fields[3]), "throttle": reasons}
+
+
+def parse_rocm_state(text: str) -> dict[str, Any]:
+    """The first card of ``rocm-smi --showclocks --showtemp --showpower --json`` (keys as rocm_smi.py prints
+    them: "sclk clock speed:" "(1700Mhz)", "Temperature (Sensor edge) (C)", "... Graphics Package Power (W)").
+    rocm-smi reports no throttle reasons before its gpu_metrics ``throttle_status``: None (unknown) then."""
+    if not text.strip():
+        raise ValueError("rocm-smi printed nothing (no AMD GPU visible)")
+    data = json.loads(text)
+    card = next((v for k, v in data.items() if k.startswith("card") and isinstance(v, dict)), None)
+    if card is None:
+        raise ValueError("rocm-smi printed no card")
+    power = next((v for k, v in card.items() if "Graphics Package Power (W)" in k and "Max" not in k), None)
+    temp = _first(card, "Temperature (Sensor junction) (C)", "Temperature (Sensor edge) (C)")
+    throttle = _first(card, "throttle_status")
+    return {"sm_clock_mhz": _float(_first(card, "sclk clock speed")), "mem_clock_mhz":
+            _float(_first(card, "mclk clock speed")), "temp_c": _float(temp), "power_w": _float(power),
+            "throttle": None if throttle is None else ("" if throttle.strip() in ("0", "0x0") else throttle)}
+
+
+def gpu_state(backend: str, timeout_s: float = 10) -> dict[str, Any]:
+    """Clocks, temperature, power and throttle reasons now, from the vendor tool of ``backend``.
+
+    Never raises: without a GPU or the tool, ``{"available": False, "reason": ...}``.
+    """
+    import os
+
+    from gpulab.env_capture import run_tool
+
+    if backend == "cuda":
+        tool = run_tool("nvidia-smi", ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_QUERY)}",
+                                       "--format=csv,noheader,nounits"], timeout_s)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        parse = lambda text: parse_nvidia_state(text, int(visible) if visible.isdigit() else 0)  # noqa: E731
+    elif backend == "rocm":
+        tool = run_tool("rocm-smi", ["rocm-smi", *ROCM_STATE_ARGS], timeout_s)
+        parse = parse_rocm_state
+    else:
+        return {"available": False, "reason": f"no GPU ({backend} backend)"}
+    if tool.status != "ok":
+        return {"available": False, "reason": f"{tool.tool}: {tool.reason}"}
+    try:
+        return {"available": True, **parse(tool.stdout)}
+    except (ValueError, KeyError) as exc:
+        return {"available": False, "reason": f"{tool.tool}: {exc}"}
+
+
+def throttled(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """Whether the GPU throttled during a cell: "yes: <reasons>", "no", or "unknown: <why>"."""
+    if not (before.get("available") and after.get("available")):
+        return "unknown: " + (before.get("reason") or after.get("reason") or "state not read")
+    reasons = {r for state in (before, after) for r in (state.get("throttle") or "").split(",") if r}
+    if reasons:
+        return "yes: " + ",".join(sorted(reasons))
+    if before.get("throttle") is None or after.get("throttle") is None:
+        return "unknown: the tool reports no throttle reasons"
+    return "no"
+
+
+def state_text(state: dict[str, Any]) -> str:
+    """Compact JSON of a state for a CSV cell."""
+    return json.dumps(state, separators=(",", ":"), sort_keys=True)

@@ -49,7 +49,11 @@ TIMING_KINDS = {
     "first_call_ms": "float",
     "timer": "str",
     "cache_policy": "str",
+    "stable": "bool",
+    "times_ms": "str",
 }
+# Columns added after tables were first recorded: older tables read back with them empty.
+LATER_COLUMNS = ("stable", "times_ms")
 assert set(TIMING_KINDS) == set(TIMING_COLUMNS), "timing columns drifted from gpulab.timing.Timing"
 MEASURE_COLUMNS = tuple(Column(name, kind, "see gpulab.timing") for name, kind in TIMING_KINDS.items())
 
@@ -108,6 +112,9 @@ class TableSchema:
 
     def read(self, path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(path, keep_default_na=True)
+        for column in LATER_COLUMNS:
+            if column in self.names and column not in df.columns:
+                df[column] = pd.NA
         missing = [c for c in self.names if c not in df.columns]
         if missing:
             raise SchemaError(f"{path}: not a {self.name} table, missing column(s) {missing}")

@@ -7,6 +7,10 @@ then repetitions timed with device events on a GPU (``torch.cuda.Event`` is HIP 
 reached. Before each repetition a buffer larger than the last-level cache is overwritten (outside the
 timed region) so repeated runs do not measure the cache; callers may also pass several closures over
 different inputs, which are rotated.
+
+Every summary carries its repetition times (``times_ms``, for run-vs-run statistics) and ``stable``:
+false when the mean is more than 10% above the median (a stall in some repetitions), the coefficient of
+variation exceeds 0.10, or fewer than 5 repetitions were taken (too few to judge either).
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from gpulab.device import DeviceInfo, detect
 # MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU.
 GPU_FLUSH_BYTES = 512 * 2**20
 CPU_FLUSH_BYTES = 64 * 2**20
+# The stability rule: a row breaking any of these is reported as not stable.
+MAX_MEAN_OVER_MEDIAN = 1.10
+MAX_CV = 0.10
+MIN_STABLE_REPS = 5
 
 
 @dataclass(frozen=True)
@@ -56,12 +64,33 @@ class Timing:
     first_call_ms: float
     timer: str  # device_event | perf_counter
     cache_policy: str  # flush | rotate:N | none
+    stable: bool = False  # see is_stable; measure() always sets it
+    times_ms: str = ""  # every repetition's time, space-separated (format_times / parse_times)
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
 
 
 TIMING_COLUMNS = tuple(Timing.__dataclass_fields__)
+
+
+def is_stable(mean_ms: float, median_ms: float, cv: float, reps: int) -> bool:
+    """The stability rule (see the module docstring)."""
+    if reps < MIN_STABLE_REPS or not median_ms > 0:
+        return False
+    return bool(mean_ms / median_ms <= MAX_MEAN_OVER_MEDIAN and cv <= MAX_CV)
+
+
+def format_times(samples_ms: Sequence[float]) -> str:
+    """Repetition times as compact text for a CSV cell (5 significant digits: 0.01% resolution)."""
+    return " ".join(f"{t:.5g}" for t in samples_ms)
+
+
+def parse_times(text: object) -> np.ndarray:
+    """The repetition times of a ``times_ms`` cell (empty when the row has none)."""
+    if not isinstance(text, str) or not text.strip():
+        return np.array([], dtype=np.float64)
+    return np.array([float(t) for t in text.split()], dtype=np.float64)
 
 
 def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
@@ -79,6 +108,19 @@ def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
         "min_ms": float(arr.min()),
         "cv": std / mean if mean > 0 else math.nan,
     }
+
+
+# Most input sets rotated when the cache is not flushed.
+MAX_ROTATION = 8
+
+
+def rotation_sets(settings: TimingSettings, info: DeviceInfo, bytes_per_set: int) -> int:
+    """Input sets to rotate over: one when the cache is flushed before each repetition, else enough that
+    the rotated inputs are twice the last-level cache (so no repetition finds its inputs cached)."""
+    if settings.flush_cache:
+        return 1
+    cache = info.l2_cache_bytes or 64 * 2**20
+    return max(1, min(MAX_ROTATION, math.ceil(2 * cache / max(1, bytes_per_set))))
 
 
 class _CacheFlusher:
@@ -102,8 +144,13 @@ def measure(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     settings: TimingSettings | None = None,
     device: DeviceInfo | None = None,
+    last: list[tuple[int, object]] | None = None,
 ) -> Timing:
-    """Time a zero-argument closure (or rotate over several); only the call itself is inside the timer."""
+    """Time a zero-argument closure (or rotate over several); only the call itself is inside the timer.
+
+    ``last``, when given, receives (closure index, return value) of the last timed call, so the caller
+    can check what was timed.
+    """
     import torch
 
     settings = settings or TimingSettings()
@@ -138,8 +185,9 @@ def measure(
             ]
             for i, (begin, end) in enumerate(events):
                 flush()
+                k = (len(samples) + i) % len(fns)
                 begin.record()
-                fns[(len(samples) + i) % len(fns)]()
+                result = fns[k]()
                 end.record()
             torch.cuda.synchronize()
             new = [begin.elapsed_time(end) for begin, end in events]
@@ -147,8 +195,9 @@ def measure(
             new = []
             for i in range(batch):
                 flush()
+                k = (len(samples) + i) % len(fns)
                 t0 = time.perf_counter()
-                fns[(len(samples) + i) % len(fns)]()
+                result = fns[k]()
                 new.append((time.perf_counter() - t0) * 1e3)
         samples.extend(new)
         total_ms += sum(new)
@@ -167,6 +216,8 @@ def measure(
         wanted = min(wanted, affordable)
         batch = max(1, min(settings.max_reps - len(samples), max(wanted, settings.min_reps - len(samples))))
 
+    if last is not None:
+        last[:] = [(k, result)]
     stats = summarize(samples)
     if flush.buffer is not None:
         cache_policy = "flush" + (f"+rotate:{len(fns)}" if len(fns) > 1 else "")
@@ -179,4 +230,6 @@ def measure(
         first_call_ms=first_call_ms,
         timer="device_event" if gpu else "perf_counter",
         cache_policy=cache_policy,
+        stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
+        times_ms=format_times(samples),
     )

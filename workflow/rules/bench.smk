@@ -13,6 +13,8 @@ rule bench_ceilings:
     input:
         src=sources("bench_ceilings.py"),
         env=result("env/env.json"),
+        # The extension's vector_add is one of the add ceiling's methods.
+        extension=EXTENSION_CSV,
     output:
         report(
             result("bench/ceilings.csv"),
@@ -29,6 +31,8 @@ rule bench_ceilings:
         **gpu_resources,
     params:
         ceilings=config["ceilings"],
+        max_tensor_mib=config["bench"]["max_tensor_mib"],
+        mlp=config["mlp"],
         timing=config["timing"],
         strict=config["strict"],
     script:

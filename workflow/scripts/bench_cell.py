@@ -24,6 +24,6 @@ table = bench_cell_job(
     ceilings_path=snakemake.input.ceilings,
     out_path=snakemake.output[0],
 )
-columns = ["size", "dtype", "status", "rel_err", "median_ms", "gbps", "pct_of_copy_bw", "reason"]
+columns = ["size", "dtype", "status", "rel_err", "median_ms", "gbps", "pct_of_ceiling", "stable", "reason"]
 print(table[columns].to_string(index=False))
 enforce_strict(table, params.strict, f"bench {op}/{impl}")

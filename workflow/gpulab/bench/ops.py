@@ -1,17 +1,26 @@
-"""The benchmarked ops: how their inputs are drawn, their float64 reference, and what they must cost.
+"""The one definition of each benchmarked op: formula, float64 reference, fewest bytes, access pattern,
+extension op name, how its inputs are drawn, and the correctness check every gate uses.
 
 ``bytes_moved`` is the fewest bytes an implementation must move through device memory (each input
-read once, the output written once); achieved GB/s and the percentage of the copy ceiling are
+read once, the output written once); achieved GB/s and the percentage of the pattern's ceiling are
 computed from it, so an implementation that moves more (the unfused ``manual`` ones) shows as slower,
-never as "more bandwidth".
+never as "more bandwidth". ``pattern`` names the memory-access pattern whose measured ceiling a row is
+placed against (``gpulab.ceilings``): ``copy`` (one read, one write) or ``add`` (two reads, one write).
+
+Other steps use this module instead of writing the formulas again::
+
+    from gpulab.bench.ops import OPS, check
+    ref = OPS["gelu"].reference(x)                 # float64
+    result = check("gelu", out, [x], "bf16")       # norm and per-element bounds, NaN/Inf fail
+    assert result.passed, result.reason
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -22,11 +31,17 @@ GELU_C1 = 0.79788456  # sqrt(2 / pi), as the study writes it
 GELU_C2 = 0.044715
 
 
-def manual_gelu(x: torch.Tensor) -> torch.Tensor:
-    """The study's unfused GeLU: one kernel (and one trip through memory) per operator."""
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeLU, tanh approximation, in the dtype of ``x``: the one place its formula is written.
+
+    As the study's manual_gelu: unfused, one kernel (and one trip through memory) per operator.
+    """
     import torch
 
     return 0.5 * x * (1 + torch.tanh(GELU_C1 * (x + GELU_C2 * x * x * x)))
+
+
+manual_gelu = gelu_tanh
 
 
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -47,9 +62,25 @@ def manual_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _reference(name: str, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The op in float64 on float64 inputs."""
+    import torch
+
+    if name == "gelu":
+        return gelu_tanh(xs[0])
+    if name == "softmax":
+        return torch.softmax(xs[0], dim=-1)
+    if name == "add":
+        return xs[0] + xs[1]
+    raise KeyError(name)  # pragma: no cover - OPS is closed
+
+
 @dataclass(frozen=True)
 class OpSpec:
     name: str
+    formula: str
+    pattern: str  # memory-access pattern of its ceiling: copy (1 read, 1 write) | add (2 reads, 1 write)
+    ext_op: str  # torch.ops.gpulab.<ext_op> in the C++ extension
     n_inputs: int
     ndim: int  # rank of the shapes this op takes (1: vector length; 2: rows x cols)
     bytes_per_element: int  # element-sized transfers the op must make: inputs read + output written
@@ -84,36 +115,30 @@ class OpSpec:
     ) -> Iterator[tuple[slice, torch.Tensor]]:
         """float64 reference of the op on the (already rounded) inputs, in chunks of whole rows,
         so multi-GiB cases do not need a float64 copy of the whole tensor at once."""
-        import torch
 
         rows = inputs[0].shape[0]
         row_elems = max(1, inputs[0][0].numel()) if inputs[0].ndim > 1 else 1
         step = max(1, chunk_elems // row_elems)
         for start in range(0, rows, step):
             part = slice(start, min(rows, start + step))
-            xs = [t[part].double() for t in inputs]
-            if self.name == "gelu":
-                x = xs[0]
-                ref = 0.5 * x * (1 + torch.tanh(GELU_C1 * (x + GELU_C2 * x**3)))
-            elif self.name == "softmax":
-                ref = torch.softmax(xs[0], dim=-1)
-            elif self.name == "add":
-                ref = xs[0] + xs[1]
-            else:  # pragma: no cover - OPS is closed
-                raise KeyError(self.name)
-            yield part, ref
+            yield part, _reference(self.name, [t[part].double() for t in inputs])
+
+    def reference(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """float64 reference of the op on (the float64 values of) ``inputs``."""
+        return _reference(self.name, [t.double() for t in inputs])
 
     def label(self, shape: Shape) -> str:
         return "x".join(str(s) for s in shape)
 
 
 OPS: dict[str, OpSpec] = {
-    "gelu": OpSpec("gelu", n_inputs=1, ndim=1, bytes_per_element=2, flops_per_element=9, input_scale=2.0,
-                   manual=manual_gelu),
-    "softmax": OpSpec("softmax", n_inputs=1, ndim=2, bytes_per_element=2, flops_per_element=5, input_scale=3.0,
+    "gelu": OpSpec("gelu", f"0.5 x (1 + tanh({GELU_C1} (x + {GELU_C2} x^3)))", "copy", "gelu_tanh", n_inputs=1,
+                   ndim=1, bytes_per_element=2, flops_per_element=9, input_scale=2.0, manual=manual_gelu),
+    "softmax": OpSpec("softmax", "exp(x - max(x)) / sum(exp(x - max(x))) over each row", "copy", "softmax_rows",
+                      n_inputs=1, ndim=2, bytes_per_element=2, flops_per_element=5, input_scale=3.0,
                       manual=manual_softmax),
-    "add": OpSpec("add", n_inputs=2, ndim=1, bytes_per_element=3, flops_per_element=1, input_scale=1.0,
-                  manual=manual_add),
+    "add": OpSpec("add", "a + b", "add", "vector_add", n_inputs=2, ndim=1, bytes_per_element=3, flops_per_element=1,
+                  input_scale=1.0, manual=manual_add),
 }
 
 
@@ -141,3 +166,98 @@ def parse_shape(op: str, value: int | Sequence[int] | str) -> Shape:
         want = "a positive element count" if spec.ndim == 1 else "[rows, cols] of positive integers"
         raise ValueError(f"{op}: size {value!r} is not {want}")
     return shape
+
+
+# ------------------------------------------------------------------------------------------ the check
+
+
+def _schema_tolerances() -> dict[str, float]:
+    from gpulab.config import load_schema
+
+    props = load_schema()["properties"]["bench"]["properties"]["tolerances"]["properties"]
+    return {dtype: float(spec["default"]) for dtype, spec in props.items()}
+
+
+# ||out - ref|| / ||ref||, defaults from the config schema (bench.tolerances). Rounding the exact result
+# to the dtype alone gives about 0.6 unit roundoff (fp32 ~4e-8, fp16 ~1.7e-4, bf16 ~1.3e-3 measured); the
+# bounds leave room for the unfused implementations' several roundings (manual bf16 GeLU ~1.5e-3 on CPU
+# and H100) and fail anything structurally wrong (the erf GeLU instead of the tanh one: ~1e-4 in fp32).
+NORM_TOLERANCES = _schema_tolerances()
+# Every element must also satisfy |out - ref| <= atol * rms(ref) + rtol * |ref|: a norm bound alone lets a
+# few whole wrong softmax rows pass at bf16's 1.6e-2. rtol is about 8 unit roundoffs of the dtype (several
+# roundings in the unfused implementations); atol, relative to the reference's RMS (so it means the same
+# for softmax probabilities ~1e-3 as for GeLU outputs ~1), covers results near zero whose intermediate
+# terms (1 + tanh(..) of GeLU at large negative x) were rounded at magnitude ~1. Calibrated on CPU over
+# manual/native/compile at the odd sizes: the worst element used < 1/3 of its bound.
+ELEMENT_TOLERANCES: dict[str, tuple[float, float]] = {  # dtype: (atol, rtol)
+    "fp32": (1e-6, 2e-5),
+    "fp16": (2e-3, 8e-3),
+    "bf16": (1.6e-2, 6.4e-2),
+}
+# float64 chunk of the reference (elements): bounds the check's extra memory on multi-GiB cases.
+REFERENCE_CHUNK_ELEMS = 1 << 26
+
+
+@dataclass(frozen=True)
+class Check:
+    """Outcome of comparing an output with its float64 reference."""
+
+    passed: bool
+    rel_err: float  # ||out - ref|| / ||ref||
+    max_abs_err: float
+    element_ratio: float  # max over elements of |out - ref| / (atol rms(ref) + rtol |ref|): above 1 fails
+    nonfinite: int
+    tolerance: float
+    reason: str = ""
+
+
+def norm_tolerance(dtype: str, tolerances: Mapping[str, float] | None = None) -> float:
+    merged = {**NORM_TOLERANCES, **(tolerances or {})}
+    return float(merged[dtype])
+
+
+def compare_chunks(chunks: Iterable[tuple[Any, Any]], dtype: str, tolerance: float | None = None) -> Check:
+    """Check (output, float64 reference) pairs of one result, chunk by chunk: any NaN/Inf fails, the norm
+    error must stay within ``tolerance`` (default: the dtype's) and every element within its bound."""
+    import torch
+
+    tolerance = norm_tolerance(dtype) if tolerance is None else tolerance
+    atol, rtol = ELEMENT_TOLERANCES[dtype]
+    err_sq = ref_sq = max_abs = ratio = 0.0
+    nonfinite = numel = 0
+    for got, ref in chunks:
+        got = got.double()
+        numel += got.numel()
+        nonfinite += int((~torch.isfinite(got)).sum().item())
+        if nonfinite or not got.numel():
+            continue
+        diff = (got - ref).abs()
+        err_sq += float(torch.sum(diff * diff).item())
+        ref_sq += float(torch.sum(ref * ref).item())
+        max_abs = max(max_abs, float(diff.max().item()))
+        scale = max(float(torch.sqrt(torch.mean(ref * ref)).item()), 1e-300)
+        ratio = max(ratio, float((diff / (atol * scale + rtol * ref.abs())).max().item()))
+    if nonfinite:
+        return Check(False, math.nan, math.nan, math.nan, nonfinite, tolerance,
+                     f"{nonfinite} of {numel} outputs are not finite (unwritten or overflowed)")
+    rel = math.sqrt(err_sq) / math.sqrt(ref_sq) if ref_sq > 0 else math.sqrt(err_sq)
+    reason = ""
+    if not rel <= tolerance:
+        reason = f"relative error {rel:.3g} exceeds the {dtype} tolerance {tolerance:.3g}"
+    elif not ratio <= 1.0:
+        reason = (f"an element is off by {ratio:.3g} times its bound |out - ref| <= {atol:g} rms(ref) + {rtol:g} "
+                  f"|ref| ({dtype})")
+    return Check(not reason, rel, max_abs, ratio, 0, tolerance, reason)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, dtype: str, tolerance: float | None = None) -> Check:
+    """Check one output against a float64 reference computed elsewhere (e.g. a whole model in float64)."""
+    return compare_chunks([(out, ref.double())], dtype, tolerance)
+
+
+def check(op: str, out: torch.Tensor, inputs: Sequence[torch.Tensor], dtype: str, tolerance: float | None = None,
+          chunk_elems: int = REFERENCE_CHUNK_ELEMS) -> Check:
+    """Check an op's output against its float64 reference on ``inputs``, in chunks of whole rows."""
+    spec = op_spec(op)
+    return compare_chunks(((out[part], ref) for part, ref in spec.reference_chunks(inputs, chunk_elems)), dtype,
+                          tolerance)

@@ -1,9 +1,13 @@
 """Run one cell of the matrix (an op x implementation over all sizes and dtypes): check, then time.
 
-Each case is checked by the correctness gate on fresh inputs; only a passing case is timed, on other
-fresh inputs, with the project's one timing function. Every case becomes exactly one row whatever
-happens: ``ok``, ``incorrect`` (with its error figures, never timed), ``oom`` (the rest goes on),
-``skipped`` (implementation unavailable here, with the reason) or ``failed`` (it raised).
+Each case is checked by the correctness gate on fresh inputs; only a passing case is timed, with the
+project's one timing function, and what is timed is the very closure that was checked (and, when the
+cache is not flushed, closures over further input sets built the same way). The output of the last
+timed call is checked again and the inputs must still be unchanged. Every case becomes exactly one row
+whatever happens: ``ok``, ``incorrect`` (with its error figures), ``oom`` (the rest goes on),
+``skipped`` (implementation unavailable here, with the reason) or ``failed`` (it raised). Each ok row is
+placed against its access pattern's ceiling at the nearest measured size, says whether its timing was
+stable, and records the GPU's clocks, temperature, power and throttle reasons before and after.
 """
 
 from __future__ import annotations
@@ -19,14 +23,23 @@ from typing import Any
 import pandas as pd
 
 import gpulab.bench.impls  # noqa: F401 - registers the implementations
-from gpulab.bench.correctness import check_case, synchronize, tolerance_for
+from gpulab.bench.correctness import (
+    Prepared,
+    check_case,
+    check_output,
+    prepare,
+    snapshot,
+    synchronize,
+    tolerance_for,
+)
 from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
-from gpulab.ceilings import Ceilings, pct_of
+from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, above_ceiling, pct_of
 from gpulab.device import DeviceInfo
 from gpulab.dtypes import ITEMSIZE, torch_dtype
+from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
-from gpulab.timing import TimingSettings, measure
+from gpulab.timing import TimingSettings, measure, rotation_sets
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +55,12 @@ BENCH = TableSchema(
         Column("bytes_moved", "int", "fewest bytes the op must move: inputs read once + output written once"),
         Column("flops", "int", "floating-point operations (tanh/exp counted as one)"),
         Column("device", "str", "device name the row ran on"),
-        Column("rel_err", "float", "||out - ref|| / ||ref|| against float64, fresh random inputs"),
+        Column("pattern", "str", "memory-access pattern of its ceiling: copy (1 read + 1 write) | add (2 reads + "
+               "1 write)"),
+        Column("rel_err", "float", "||out - ref|| / ||ref|| against float64, fresh random inputs (worst of the "
+               "checked call and the last timed call)"),
         Column("max_abs_err", "float", "max |out - ref|"),
+        Column("element_err_ratio", "float", "max over elements of |out - ref| / (atol + rtol |ref|): above 1 fails"),
         Column("nonfinite", "int", "outputs that were NaN/inf after the call (poisoned and unwritten)"),
         Column("tolerance", "float", "rel_err bound for this dtype"),
         Column("cold_call_ms", "float", "first call ever of this case: compilation/autotuning/JIT included"),
@@ -51,15 +68,20 @@ BENCH = TableSchema(
         Column("gbps_p90", "float", "GB/s at the p10 time (the fast end of the spread)"),
         Column("gbps_p10", "float", "GB/s at the p90 time (the slow end of the spread)"),
         Column("gflops", "float", "flops / median time, GFLOP/s"),
-        Column("copy_gbps", "float", "measured device-to-device copy bandwidth of this dtype (bench/ceilings.csv)"),
-        Column("pct_of_copy_bw", "float", "gbps as a percentage of copy_gbps"),
+        Column("ceiling_gbps", "float", "the pattern's measured ceiling at the nearest measured tensor size "
+               "(bench/ceilings.csv: best of several methods)"),
+        Column("ceiling_bytes", "int", "tensor size that ceiling was measured at"),
+        Column("ceiling_method", "str", "the method that set that ceiling"),
+        Column("pct_of_ceiling", "float", "gbps as a percentage of ceiling_gbps"),
+        Column("above_ceiling", "bool", "gbps exceeds the ceiling by more than the spread (p90/p10) of both: "
+               "then the ceiling is not trustworthy"),
         Column("method", "str", "how the time was taken: timer, cache policy, reps"),
+        *STATE_COLUMNS,
     ),
     measured=True,
 )
 # Row order of the aggregated tables: the baseline first, then by how far from PyTorch they are.
 IMPL_ORDER = ("native", "manual", "torch_compile", "triton", "cpp_ext")
-MAX_ROTATION = 8
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -85,15 +107,6 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:400]
 
 
-def rotation_sets(settings: TimingSettings, info: DeviceInfo, bytes_per_set: int) -> int:
-    """Input sets to rotate over: one when the cache is flushed before each repetition, else enough that
-    the rotated inputs are twice the last-level cache (so no repetition finds its inputs cached)."""
-    if settings.flush_cache:
-        return 1
-    cache = info.l2_cache_bytes or 64 * 2**20
-    return max(1, min(MAX_ROTATION, math.ceil(2 * cache / max(1, bytes_per_set))))
-
-
 def case_rows_base(case: Case, *, target: str, fingerprint: str, device_name: str) -> dict[str, Any]:
     spec = op_spec(case.op)
     itemsize = ITEMSIZE[case.dtype]
@@ -101,8 +114,42 @@ def case_rows_base(case: Case, *, target: str, fingerprint: str, device_name: st
         "target": target, "fingerprint": fingerprint, "op": case.op, "impl": case.impl, "size": case.label,
         "numel": spec.numel(case.shape), "dtype": case.dtype, "tensor_bytes": spec.numel(case.shape) * itemsize,
         "bytes_moved": spec.bytes_moved(case.shape, itemsize), "flops": spec.flops(case.shape),
-        "device": device_name,
+        "pattern": spec.pattern, "device": device_name,
     }
+
+
+def _timed_and_checked(case: Case, ctx: BenchContext, settings: TimingSettings, registry: Registry,
+                       tolerance: float, seed: int) -> dict[str, Any]:
+    """Gate, time the checked closure (rotated with closures over further input sets), check the last timed call."""
+    spec = op_spec(case.op)
+    impl = registry.get(case.op, case.impl)
+    dtype = torch_dtype(case.dtype)
+    first = prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device, seed=seed))
+    gate, saved = check_case(case, first, tolerance)
+    row: dict[str, Any] = gate.as_row()
+    if not gate.passed:
+        return {**row, "status": "incorrect", "reason": gate.reason}
+    bytes_per_set = spec.n_inputs * spec.numel(case.shape) * ITEMSIZE[case.dtype]
+    n_sets = rotation_sets(settings, ctx.info, bytes_per_set)
+    sets: list[Prepared] = [first] + [prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device,
+                                                                           seed=seed + 1 + i))
+                                      for i in range(n_sets - 1)]
+    synchronize(case.device)
+    before = gpu_state(ctx.info.backend)
+    last: list[tuple[int, object]] = []
+    timing = measure([p.closure for p in sets], settings, ctx.info, last=last)
+    after = gpu_state(ctx.info.backend)
+    index, result = last[0]
+    # The inputs of the last timed call are checked against the first set's snapshot only when that is
+    # the set it used; other sets are checked for the output value.
+    again = check_output(case, sets[index], result, saved if index == 0 else snapshot(sets[index].inputs),
+                         tolerance)
+    row.update({"rel_err": max(gate.rel_err, again.rel_err), "element_err_ratio":
+                max(gate.element_ratio, again.element_ratio), "max_abs_err": max(gate.max_abs_err, again.max_abs_err)})
+    row.update(gpu_before=state_text(before), gpu_after=state_text(after), throttled=throttled(before, after))
+    if not again.passed:
+        return {**row, "status": "incorrect", "reason": f"the last timed call: {again.reason}"}
+    return {**row, "status": "ok", "reason": "", **timing.as_row()}
 
 
 def run_case(
@@ -112,53 +159,38 @@ def run_case(
     *,
     registry: Registry = REGISTRY,
     tolerances: Mapping[str, float] | None = None,
-    copy_gbps: float = math.nan,
+    ceiling: Hit = MISS,
     seed: int = 0,
 ) -> dict[str, Any]:
     """One checked, timed case as a row (without the target/fingerprint columns)."""
     spec = op_spec(case.op)
-    impl = registry.get(case.op, case.impl)
     tolerance = tolerance_for(case.dtype, tolerances)
-    dtype = torch_dtype(case.dtype)
-    row: dict[str, Any] = {"tolerance": tolerance}
     try:
-        inputs = spec.make_inputs(case.shape, dtype, case.device, seed=seed)
-        check = check_case(spec, impl, case, inputs, tolerance)
-        del inputs
-        row.update(check.as_row())
-        if not check.passed:
-            return {**row, "status": "incorrect", "reason": check.reason}
-        _free_memory(case.device)
-        bytes_per_set = spec.n_inputs * spec.numel(case.shape) * ITEMSIZE[case.dtype]
-        sets = [spec.make_inputs(case.shape, dtype, case.device, seed=seed + 1 + i)
-                for i in range(rotation_sets(settings, ctx.info, bytes_per_set))]
-        closures = [impl.factory(case, ins, None) for ins in sets]
-        synchronize(case.device)
-        timing = measure(closures, settings, ctx.info)
-        del closures, sets
+        row = {"tolerance": tolerance, **_timed_and_checked(case, ctx, settings, registry, tolerance, seed)}
     except Exception as exc:
         status = "oom" if is_oom(exc) else "failed"
         log.warning("%s %s %s %s: %s", case.op, case.impl, case.label, case.dtype, _short(exc))
         if status == "failed":
             log.debug("traceback", exc_info=True)
-        return {**row, "status": status, "reason": _short(exc)}
+        return {"tolerance": tolerance, "status": status, "reason": _short(exc)}
     finally:
         _free_memory(case.device)
-    seconds = timing.median_ms / 1e3
+    if row["status"] != "ok":
+        return row
     bytes_moved = spec.bytes_moved(case.shape, ITEMSIZE[case.dtype])
-    gbps = bytes_moved / seconds / 1e9
+    gbps = bytes_moved / (row["median_ms"] / 1e3) / 1e9
     return {
         **row,
-        "status": "ok",
-        "reason": "",
         "gbps": gbps,
-        "gbps_p90": bytes_moved / (timing.p10_ms / 1e3) / 1e9,
-        "gbps_p10": bytes_moved / (timing.p90_ms / 1e3) / 1e9,
-        "gflops": spec.flops(case.shape) / seconds / 1e9,
-        "copy_gbps": copy_gbps,
-        "pct_of_copy_bw": pct_of(gbps, copy_gbps),
-        "method": f"{timing.timer}, median of {timing.reps} reps, cache {timing.cache_policy}",
-        **timing.as_row(),
+        "gbps_p90": bytes_moved / (row["p10_ms"] / 1e3) / 1e9,
+        "gbps_p10": bytes_moved / (row["p90_ms"] / 1e3) / 1e9,
+        "gflops": spec.flops(case.shape) / (row["median_ms"] / 1e3) / 1e9,
+        "ceiling_gbps": ceiling.gbps,
+        "ceiling_bytes": None if math.isnan(ceiling.tensor_bytes) else int(ceiling.tensor_bytes),
+        "ceiling_method": ceiling.method,
+        "pct_of_ceiling": pct_of(gbps, ceiling.gbps),
+        "above_ceiling": above_ceiling(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
+        "method": f"{row['timer']}, median of {row['reps']} reps, cache {row['cache_policy']}",
     }
 
 
@@ -198,8 +230,9 @@ def run_cell(
         if deadline is not None and time.monotonic() > deadline:
             rows.append({**base, "status": "skipped", "reason": "the run's time budget was spent before this case"})
             continue
-        copy_gbps = ceilings.copy_gbps(case.dtype) if ceilings is not None else math.nan
-        row = run_case(case, ctx, settings, registry=registry, tolerances=tolerances, copy_gbps=copy_gbps,
+        tensor_bytes = base["tensor_bytes"]
+        ceiling = ceilings.lookup(op_spec(op).pattern, case.dtype, tensor_bytes) if ceilings is not None else MISS
+        row = run_case(case, ctx, settings, registry=registry, tolerances=tolerances, ceiling=ceiling,
                        seed=1000 * i + 17)
         rows.append({**base, **row})
         log.info("%s %s %s %s: %s %s", op, impl_name, case.label, case.dtype, row["status"],

@@ -1,9 +1,11 @@
-"""Comparisons: the same cell on two targets (ratios) and on two runs (deltas against the measured spread).
+"""Comparisons: the same cell on two targets (ratios) and on two runs (a statistical verdict per cell).
 
 A cell is one row of an artifact identified by its key columns (op, impl, dtype, size...). Across
-targets the question is "how many times faster is this machine"; across runs it is "did this change by
-more than the run-to-run noise we measured", which every measured row answers with its p10/p90 (or
-coefficient of variation) columns.
+targets the question is "how many times faster is this machine". Across runs it is "did this cell's
+median time change": decided from the repetition times each row stores (``times_ms``) by a 95%
+bootstrap confidence interval of the ratio of medians (new / baseline) that must exclude 1 **and** a
+point estimate at least ``min_effect`` (default 3%) away from 1. Fewer than 5 repetitions on either side
+gives "no verdict", said so.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ SIZE_ORDER_COLUMNS = ("numel", "tensor_bytes", "bytes_moved")
 
 FASTER = "faster"
 SLOWER = "slower"
-WITHIN = "within spread"
-NO_SPREAD = "no spread recorded"
+WITHIN = "no significant change"
+NO_VERDICT = "no verdict"
 STATUS_CHANGED = "status changed"
 ONLY_A = "only in baseline"
 ONLY_B = "only in this run"
-VERDICTS = (SLOWER, STATUS_CHANGED, FASTER, WITHIN, NO_SPREAD, ONLY_A, ONLY_B)
+VERDICTS = (SLOWER, STATUS_CHANGED, FASTER, WITHIN, NO_VERDICT, ONLY_A, ONLY_B)
 FLAGGED = (SLOWER, STATUS_CHANGED, FASTER)
+MIN_EFFECT = 0.03  # smallest change of the median worth flagging (fraction)
+MIN_REPS = 5  # fewer repetitions on either side: no verdict
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -143,32 +149,43 @@ def geometric_mean(values: pd.Series) -> float:
 # ---------------------------------------------------------------------------------------------- runs
 
 
-def spread_verdict(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
-    """Whether the median time moved by more than the spread measured in either run.
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    ratio: float  # median new / median baseline (time: above 1 is slower)
+    ci_low: float
+    ci_high: float
+    note: str = ""
 
-    Changed when the p10..p90 ranges of the two runs do not overlap; without percentiles, when the
-    difference exceeds twice the combined standard deviation (cv x mean) of the two runs.
-    """
-    med_a, med_b = _num(a.get("median_ms")), _num(b.get("median_ms"))
-    if math.isnan(med_a) or math.isnan(med_b):
-        return NO_SPREAD
-    lo_a, hi_a, lo_b, hi_b = (_num(a.get("p10_ms")), _num(a.get("p90_ms")), _num(b.get("p10_ms")),
-                              _num(b.get("p90_ms")))
-    if not any(math.isnan(v) for v in (lo_a, hi_a, lo_b, hi_b)):
-        if lo_b > hi_a:
-            return SLOWER
-        if hi_b < lo_a:
-            return FASTER
-        return WITHIN
-    cv_a, cv_b = _num(a.get("cv")), _num(b.get("cv"))
-    if math.isnan(cv_a) or math.isnan(cv_b):
-        return NO_SPREAD
-    noise = 2 * math.hypot(cv_a * med_a, cv_b * med_b)
-    if med_b - med_a > noise:
-        return SLOWER
-    if med_a - med_b > noise:
-        return FASTER
-    return WITHIN
+
+def bootstrap_ratio_ci(a: np.ndarray, b: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
+                       confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(b) / median(a), resampling each run's repetitions independently."""
+    rng = np.random.default_rng(seed)
+    med_a = np.median(rng.choice(a, size=(resamples, a.size), replace=True), axis=1)
+    med_b = np.median(rng.choice(b, size=(resamples, b.size), replace=True), axis=1)
+    ratios = med_b / med_a
+    tail = 100 * (1 - confidence) / 2
+    return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
+
+def times_verdict(a: np.ndarray, b: np.ndarray, min_effect: float = MIN_EFFECT) -> Verdict:
+    """Faster/slower only when the CI of the ratio of medians excludes 1 and the ratio is at least
+    ``min_effect`` away from 1; fewer than MIN_REPS repetitions on either side: no verdict."""
+    if min(a.size, b.size) < MIN_REPS:
+        return Verdict(NO_VERDICT, _ratio(a, b), math.nan, math.nan,
+                       f"fewer than {MIN_REPS} repetitions ({a.size} vs {b.size}): no verdict")
+    ratio = _ratio(a, b)
+    low, high = bootstrap_ratio_ci(a, b)
+    if low > 1 and ratio >= 1 + min_effect:
+        return Verdict(SLOWER, ratio, low, high)
+    if high < 1 and ratio <= 1 - min_effect:
+        return Verdict(FASTER, ratio, low, high)
+    return Verdict(WITHIN, ratio, low, high)
+
+
+def _ratio(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.median(b) / np.median(a)) if a.size and b.size and np.median(a) > 0 else math.nan
 
 
 def _num(value: Any) -> float:
@@ -179,14 +196,43 @@ def _num(value: Any) -> float:
     return out
 
 
-RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps")
+RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable")
 
 
-def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFrame:
+def _cell_times(row: Mapping[str, Any]) -> np.ndarray:
+    """A row's repetition times (ms); a throughput-only row (tok/s) gives its per-token time once."""
+    from gpulab.timing import parse_times
+
+    times = parse_times(row.get("times_ms"))
+    if times.size:
+        return times
+    median = _num(row.get("median_ms"))
+    if math.isnan(median) and _num(row.get("tok_s")) > 0:
+        median = 1e3 / _num(row.get("tok_s"))
+    return np.array([median]) if not math.isnan(median) else np.array([])
+
+
+def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
+    if row["_merge"] == "left_only":
+        return Verdict(ONLY_A, math.nan, math.nan, math.nan)
+    if row["_merge"] == "right_only":
+        return Verdict(ONLY_B, math.nan, math.nan, math.nan)
+    status_a, status_b = row.get("status_a"), row.get("status_b")
+    if status_a != status_b:
+        return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
+    if status_a is not None and status_a != "ok":
+        return Verdict(WITHIN, math.nan, math.nan, math.nan, f"{status_a} in both runs")
+    return times_verdict(_cell_times({k[:-2]: v for k, v in row.items() if k.endswith("_a")}),
+                         _cell_times({k[:-2]: v for k, v in row.items() if k.endswith("_b")}), min_effect)
+
+
+def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = None,
+               min_effect: float = MIN_EFFECT) -> pd.DataFrame:
     """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) and judge each.
 
-    Columns: the keys, ``status``/``median_ms``/``p10_ms``/``p90_ms``/``cv`` of each run (suffixes
-    ``_a``, ``_b``), ``change_pct`` of the median time (positive: slower) and ``verdict``.
+    Columns: the keys, ``verdict``, ``change_pct`` of the median time (positive: slower; per-token time
+    for rows that only have tok/s), the 95% CI of the time ratio, a note, and each run's
+    ``status``/``median_ms``/``p10_ms``/``p90_ms``/``cv``/``reps``/``stable`` (suffixes ``_a``, ``_b``).
     """
     if keys is None:
         # Keys of each run on its own: the two runs together repeat every cell by design.
@@ -194,39 +240,46 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     keys = [k for k in keys if k in a.columns and k in b.columns]
     if not keys:
         raise ValueError("cannot match rows of two runs without key columns")
-    keep = [c for c in RUN_COLUMNS if c in a.columns or c in b.columns]
+    keep = [c for c in (*RUN_COLUMNS, "times_ms", "tok_s") if c in a.columns or c in b.columns]
     left = a.drop_duplicates(subset=keys)[[*keys, *[c for c in keep if c in a.columns]]]
     right = b.drop_duplicates(subset=keys)[[*keys, *[c for c in keep if c in b.columns]]]
-    merged = left.merge(right, on=keys, how="outer", suffixes=("_a", "_b"), indicator=True)
-    verdicts, changes = [], []
-    for row in merged.to_dict("records"):
-        side_a = {c: row.get(f"{c}_a") for c in keep}
-        side_b = {c: row.get(f"{c}_b") for c in keep}
-        change = math.nan
-        if row["_merge"] == "left_only":
-            verdict = ONLY_A
-        elif row["_merge"] == "right_only":
-            verdict = ONLY_B
-        elif "status" in keep and side_a["status"] != side_b["status"]:
-            verdict = STATUS_CHANGED
-        elif "status" in keep and side_a["status"] != "ok":
-            verdict = WITHIN  # both not ok for the same reason class: nothing measured to compare
-        else:
-            verdict = spread_verdict(side_a, side_b)
-        med_a, med_b = _num(side_a.get("median_ms")), _num(side_b.get("median_ms"))
-        if med_a > 0 and not math.isnan(med_b):
-            change = 100.0 * (med_b / med_a - 1.0)
-        verdicts.append(verdict)
-        changes.append(change)
+    left = left.rename(columns={c: f"{c}_a" for c in keep if c in left.columns})
+    right = right.rename(columns={c: f"{c}_b" for c in keep if c in right.columns})
+    merged = left.merge(right, on=keys, how="outer", indicator=True)
+    judged = [_judge(row, min_effect) for row in merged.to_dict("records")]
     merged = merged.drop(columns="_merge")
-    merged["change_pct"] = changes
-    merged["verdict"] = verdicts
+    merged["verdict"] = [v.verdict for v in judged]
+    merged["change_pct"] = [100.0 * (v.ratio - 1.0) for v in judged]
+    merged["ratio 95% CI"] = [f"{v.ci_low:.4f}–{v.ci_high:.4f}" if v.ci_low == v.ci_low else "" for v in judged]
+    merged["note"] = [v.note for v in judged]
     # What a reader looks for first (the verdict and the change) before the evidence, a run beside the other.
-    evidence = [f"{c}_{side}" for c in keep for side in ("a", "b") if f"{c}_{side}" in merged.columns]
-    merged = merged[[*keys, "verdict", "change_pct", *evidence]]
+    shown = [c for c in keep if c not in ("times_ms",)]
+    evidence = [f"{c}_{side}" for c in shown for side in ("a", "b") if f"{c}_{side}" in merged.columns]
+    merged = merged[[*keys, "verdict", "change_pct", "ratio 95% CI", "note", *evidence]]
     order = {v: i for i, v in enumerate(VERDICTS)}
     return merged.sort_values(by=["verdict", *keys], key=lambda s: s.map(order) if s.name == "verdict" else s,
                               ignore_index=True)
+
+
+def regressions(deltas: pd.DataFrame) -> pd.DataFrame:
+    """Cells that got significantly slower, or that were ok and are not any more."""
+    lost = (deltas["verdict"] == STATUS_CHANGED) & (deltas.get("status_a") == "ok")
+    return deltas[(deltas["verdict"] == SLOWER) | lost]
+
+
+def compare_runs(baseline: Any, new: Any, min_effect: float = MIN_EFFECT) -> pd.DataFrame:
+    """Every measured artifact of every target both runs have (two ``ResultsIndex``), judged cell by cell."""
+    from gpulab.report.results import is_measured
+
+    frames = []
+    for target in sorted(set(baseline.targets) & set(new.targets)):
+        old, now = dict(baseline.artifacts(target)), dict(new.artifacts(target))
+        for name in sorted(set(old) & set(now)):
+            if name.startswith("env/") or not (is_measured(old[name]) and is_measured(now[name])):
+                continue
+            deltas = run_deltas(old[name], now[name], min_effect=min_effect)
+            frames.append(deltas.assign(artifact=name, target=target))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["target", "artifact", "verdict"])
 
 
 def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

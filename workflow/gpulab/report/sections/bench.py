@@ -1,6 +1,7 @@
-"""Kernel benchmarks: per op, achieved bandwidth against the measured copy ceiling, speed-ups over
-``native``, the correctness gate's findings, the study's GeLU figures beside ours, and the performance
-goals of the benchmark issue checked against the rows."""
+"""Kernel benchmarks: per op, achieved bandwidth against the ceiling of its access pattern, speed-ups over
+``native``, the correctness gate's findings, timing stability and GPU throttling, rows above their
+ceiling (in red: the ceiling is then not trustworthy), the study's GeLU figures beside ours, and the
+performance goals of the benchmark issue checked against the rows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.ceilings import Ceilings
+from gpulab.bench.ops import OPS as OP_SPECS
+from gpulab.dtypes import ITEMSIZE
 from gpulab.report import plots
 
 ORDER = 40
@@ -17,8 +19,8 @@ ID = "bench"
 TITLE = "Kernel benchmarks"
 TEMPLATE = "bench.html.j2"
 
-OPS = ("gelu", "softmax", "add")
-DTYPES = ("fp32", "fp16", "bf16")
+OPS = tuple(OP_SPECS)
+DTYPES = tuple(ITEMSIZE)
 BASELINE = "native"
 OP_TITLES = {
     "gelu": "GeLU (tanh approximation)",
@@ -34,7 +36,7 @@ STUDY_GELU = (
     ("triton", "Triton kernel", 1.8),
     ("torch_compile", "torch.compile(manual_gelu)", 1.47),
 )
-# Goals of the benchmark issue (set for an H100): share of the measured copy bandwidth at tensors of
+# Goals of the benchmark issue (set for an H100): share of the pattern's measured ceiling at tensors of
 # 256 MiB and more (GeLU, add) or at the named softmax shapes, and at most 3% slower than the best of
 # native and torch_compile in the same cell.
 GOAL_IMPLS = ("triton", "cpp_ext")
@@ -53,26 +55,28 @@ def _size_order(df: pd.DataFrame) -> list[str]:
     return list(df.sort_values("numel")["size"].astype(str).drop_duplicates())
 
 
-SAME_BYTES = "copy (same bytes)"
+SAME_SIZE = "ceiling (same size)"
 
 
-def with_same_bytes_copy(df: pd.DataFrame, ceilings: pd.DataFrame) -> pd.DataFrame:
-    """Add ``copy_same_bytes_gbps``: the copy bandwidth measured on the row's target when moving as many
-    bytes as the row's op must (from the copy curve of bench/ceilings.csv), and the row's share of it.
-    Small cases cannot reach the big copy's rate (launch and tail effects); this says what they can."""
-    out = df.copy()
-    out["copy_same_bytes_gbps"] = math.nan
-    if ceilings.empty or "kind" not in ceilings.columns or out.empty:
-        out["pct_of_same_bytes_copy"] = math.nan
-        return out
-    for target, rows in out.groupby("target"):
-        mine = ceilings[ceilings["target"] == target]
-        if mine.empty:
-            continue
-        table = Ceilings(mine.reset_index(drop=True))
-        out.loc[rows.index, "copy_same_bytes_gbps"] = [table.copy_gbps_for(b) for b in rows["bytes_moved"]]
-    out["pct_of_same_bytes_copy"] = 100 * out["gbps"] / out["copy_same_bytes_gbps"]
-    return out
+def above_ceiling(df: pd.DataFrame) -> pd.DataFrame:
+    """ok rows faster than their pattern's ceiling by more than the spread of both: the ceiling is wrong."""
+    ok = _ok(df)
+    if ok.empty or "above_ceiling" not in ok.columns:
+        return pd.DataFrame()
+    bad = ok[ok["above_ceiling"].astype(str).str.lower() == "true"]
+    return bad[["target", "op", "impl", "size", "dtype", "pattern", "gbps", "ceiling_gbps", "ceiling_method",
+                "pct_of_ceiling", "p10_ms", "p90_ms"]]
+
+
+def unsteady(df: pd.DataFrame) -> pd.DataFrame:
+    """ok rows whose timing was not stable or during which the GPU throttled."""
+    ok = _ok(df)
+    if ok.empty or "stable" not in ok.columns:
+        return pd.DataFrame()
+    unstable = ok["stable"].astype(str).str.lower() != "true"
+    throttled = ok["throttled"].astype(str).str.startswith("yes")
+    out = ok[unstable | throttled]
+    return out[["target", "impl", "size", "dtype", "stable", "reps", "cv", "mean_ms", "median_ms", "throttled"]]
 
 
 def shape_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,
@@ -96,7 +100,7 @@ def shape_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[s
             line = line.sort_values("pos")
             if line.empty:
                 continue
-            same_bytes = name == SAME_BYTES
+            same_bytes = name == SAME_SIZE
             ax.plot(line["pos"], line[y], marker="o", markersize=4, linewidth=1.6, color=colors[name], label=name,
                     linestyle=":" if same_bytes else "-")
             if not same_bytes:
@@ -136,8 +140,8 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
     best = best.sort_values(["target", "numel", "dtype"])
     return pd.DataFrame({
         "target": best["target"], "size": best["size"], "dtype": best["dtype"], "fastest": best["impl"],
-        "median ms": best["median_ms"], "GB/s": best["gbps"], "% of copy BW": best["pct_of_copy_bw"],
-        "% of same-bytes copy": best.get("pct_of_same_bytes_copy"), "× native": best["vs_native"],
+        "median ms": best["median_ms"], "GB/s": best["gbps"], "% of ceiling": best["pct_of_ceiling"],
+        "ceiling method": best["ceiling_method"], "stable": best["stable"], "× native": best["vs_native"],
     })
 
 
@@ -151,6 +155,7 @@ def correctness(df: pd.DataFrame) -> pd.DataFrame:
             "target": target, "impl": impl, "dtype": dtype, "cases": len(group), "checked": len(checked),
             "passed": int((group["status"] == "ok").sum()), "incorrect": int((group["status"] == "incorrect").sum()),
             "worst rel. error": float(errors.max()) if errors.notna().any() else math.nan,
+            "worst element / bound": float(pd.to_numeric(checked["element_err_ratio"], errors="coerce").max()),
             "tolerance": float(pd.to_numeric(group["tolerance"], errors="coerce").max()),
             "not checked": ", ".join(f"{n} {s}" for s, n in group["status"].value_counts().items()
                                      if s not in ("ok", "incorrect")),
@@ -194,8 +199,8 @@ def study_gelu(gelu: pd.DataFrame, targets: list[str]) -> pd.DataFrame:
 
 
 def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
-    """Each goal cell of the issue on each GPU target: % of copy bandwidth, ratio to the best of native
-    and torch_compile, and whether both goals are met."""
+    """Each goal cell of the issue on each GPU target: % of the pattern's ceiling, ratio to the best of
+    native and torch_compile, and whether both goals are met."""
     ok = _ok(df)
     if ok.empty:
         return pd.DataFrame()
@@ -211,11 +216,10 @@ def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
         best_ms = reference.get((r.target, r.op, r.size, r.dtype), math.nan)
         slowdown = r.median_ms / best_ms if best_ms == best_ms else math.nan
         pct_goal = GOAL_PCT[r.op]
-        misses = [what for what, missed in (("bandwidth", not r.pct_of_copy_bw >= pct_goal),
+        misses = [what for what, missed in (("bandwidth", not r.pct_of_ceiling >= pct_goal),
                                             ("vs native/compile", slowdown > GOAL_SLOWDOWN)) if missed]
         rows.append({"target": r.target, "op": r.op, "impl": r.impl, "size": r.size, "dtype": r.dtype,
-                     "GB/s": r.gbps, "% of copy BW": r.pct_of_copy_bw, "goal %": pct_goal,
-                     "% of same-bytes copy": getattr(r, "pct_of_same_bytes_copy", math.nan),
+                     "GB/s": r.gbps, "% of ceiling": r.pct_of_ceiling, "goal %": pct_goal,
                      "% slower than best(native, compile)": 100 * (slowdown - 1),
                      "verdict": "missed: " + ", ".join(misses) if misses else "met"})
     return pd.DataFrame(rows)
@@ -224,29 +228,33 @@ def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
 def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, label: str) -> list[plots.Figure]:
     mine = df[df["target"] == target]
     dtypes = [d for d in DTYPES if d in set(mine["dtype"])]
+    pattern = OP_SPECS[op].pattern if op in OP_SPECS else "copy"
     lines: dict[str, dict[str, float]] = {}
-    if not ceilings.empty:
-        copies = _ok(ceilings[(ceilings["target"] == target) & (ceilings["kind"] == "copy")])
-        for row in copies.itertuples(index=False):
-            lines[str(row.dtype)] = {"copy (measured)": float(row.gbps)}
+    if not ceilings.empty and "best" in ceilings.columns:
+        best = _ok(ceilings[(ceilings["target"] == target) & (ceilings["kind"] == pattern)])
+        best = best[best["best"].astype(str).str.lower() == "true"]
+        for dtype, rows in best.groupby("dtype"):
+            top = rows.loc[pd.to_numeric(rows["tensor_bytes"]).idxmax()]
+            lines[str(dtype)] = {f"{pattern} ceiling, largest size ({top['method']})": float(top["gbps"])}
     figures = []
     if not _ok(mine).empty:
         curve = _ok(mine).drop_duplicates(["size", "dtype"])
-        curve = curve[curve["copy_same_bytes_gbps"].notna()] if "copy_same_bytes_gbps" in curve else curve.iloc[0:0]
-        curve = curve.assign(impl=SAME_BYTES, gbps=curve.get("copy_same_bytes_gbps"), gbps_p10=math.nan,
-                             gbps_p90=math.nan, median_ms=math.nan, pct_of_copy_bw=math.nan, rel_err=math.nan)
+        curve = curve[curve["ceiling_gbps"].notna()] if "ceiling_gbps" in curve else curve.iloc[0:0]
+        curve = curve.assign(impl=SAME_SIZE, gbps=curve.get("ceiling_gbps"), gbps_p10=math.nan,
+                             gbps_p90=math.nan, median_ms=math.nan, pct_of_ceiling=math.nan, rel_err=math.nan)
         plotted = pd.concat([mine, curve], ignore_index=True) if not curve.empty else mine
         draw = shape_figure if op == "softmax" else plots.metric_vs_size
         figures.append(draw(
             plotted, x="tensor_bytes", y="gbps", hue="impl", col="dtype", facets=dtypes, ceilings=lines,
             ylow="gbps_p10", yhigh="gbps_p90", xformat="bytes", xlabel="input tensor size",
             ylabel="GB/s (fewest bytes / median)", alt=f"{op}: achieved bandwidth against input size per "
-            f"implementation and dtype on {label}, with the measured copy bandwidth dashed",
-            caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dashed: the device-to-device copy bandwidth "
-                    f"measured on this machine (bytes read + written, 1 GiB buffers); '{SAME_BYTES}': the same copy "
-                    "measured moving as many bytes as the op must at that size.",
-            data_columns=["impl", "size", "dtype", "status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "gbps",
-                          "pct_of_copy_bw", "pct_of_same_bytes_copy", "rel_err", "cold_call_ms", "reason"]))
+            f"implementation and dtype on {label}, with the measured {pattern} ceiling",
+            caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dashed: the {pattern} ceiling (best of several "
+                    f"methods) at its largest measured size; '{SAME_SIZE}': the {pattern} ceiling at the measured size "
+                    "nearest each case, which its '% of ceiling' is relative to.",
+            data_columns=["impl", "size", "dtype", "status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
+                          "gbps", "pattern", "ceiling_gbps", "ceiling_method", "pct_of_ceiling", "rel_err",
+                          "cold_call_ms", "throttled", "reason"]))
     ups = speedups(mine)
     ups = ups[ups["impl"] != BASELINE]
     if not ups.empty:
@@ -266,8 +274,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         return None
     ceilings = ctx.results.table("bench/ceilings.csv")
     # Vector sizes read back as integers, softmax shapes as text: one type for the column.
-    frames = {op: with_same_bytes_copy(df.assign(size=df["size"].astype(str)), ceilings)
-              for op, df in frames.items()}
+    frames = {op: df.assign(size=df["size"].astype(str)) for op, df in frames.items()}
     targets = [t for t in ctx.results.targets if any(t in set(df["target"]) for df in frames.values())]
     labels = ctx.target_labels
     ops = []
@@ -281,19 +288,22 @@ def build(ctx: Any) -> dict[str, Any] | None:
                 "counts": mine["status"].value_counts().to_dict(),
                 "sizes": ", ".join(_size_order(mine)),
             })
-        ops.append({"op": op, "title": OP_TITLES.get(op, op), "targets": per_target, "fastest": fastest(df),
-                    "correctness": correctness(df), "problems": problems(df)})
+        ops.append({"op": op, "title": OP_TITLES.get(op, op), "pattern": OP_SPECS[op].pattern,
+                    "formula": OP_SPECS[op].formula, "targets": per_target, "fastest": fastest(df),
+                    "correctness": correctness(df), "problems": problems(df), "unsteady": unsteady(df)})
     everything = pd.concat(frames.values(), ignore_index=True)
     gpu_targets = [t for t in targets if (ctx.devices.get(t) or {}).get("gpu_available")]
     study = study_gelu(frames.get("gelu", pd.DataFrame()), targets)
     ours = study[[f"{t} (ms)" for t in targets]] if targets else pd.DataFrame()
-    ceiling_rows = ceilings[[c for c in ("target", "kind", "dtype", "size", "status", "gbps", "tflops", "median_ms",
-                                         "cv", "reps", "reason") if c in ceilings.columns]]
+    ceiling_rows = ceilings[[c for c in ("target", "kind", "dtype", "size", "method", "best", "status", "gbps",
+                                         "tflops", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
+                                         "throttled", "reason") if c in ceilings.columns]]
     return {
         "ops": ops,
         "study": study,
         "study_measured": bool(ours.notna().any().any()) if not ours.empty else False,
         "goals": goals(everything, gpu_targets),
+        "above_ceiling": above_ceiling(everything),
         "gpu_targets": gpu_targets,
         "ceilings": ceiling_rows,
         "links": {t: ctx.link(ctx.results.path(t, "bench")) for t in targets},

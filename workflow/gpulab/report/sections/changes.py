@@ -1,9 +1,9 @@
 """Changes against a baseline run (``gpulab compare BASELINE NEW``): per cell, did it move beyond the noise?
 
 Each artifact of each target present in both runs is matched cell by cell. A cell is flagged faster
-or slower only when the p10..p90 ranges of the two runs do not overlap (see
-:func:`gpulab.report.compare.spread_verdict`); a changed status is always flagged. What changed in the
-environment between the two runs is listed beside, since it is usually the explanation.
+or slower only when the 95% bootstrap CI of its ratio of medians excludes 1 and the change is at least
+the minimum effect (see :func:`gpulab.report.compare.times_verdict`); a changed status is always flagged.
+What changed in the environment between the two runs is listed beside, since it is usually the explanation.
 """
 
 from __future__ import annotations
@@ -12,7 +12,18 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.report.compare import FLAGGED, STATUS_CHANGED, VERDICTS, env_differences, run_deltas
+from gpulab.report.compare import (
+    FASTER,
+    FLAGGED,
+    MIN_EFFECT,
+    NO_VERDICT,
+    SLOWER,
+    STATUS_CHANGED,
+    VERDICTS,
+    WITHIN,
+    env_differences,
+    run_deltas,
+)
 from gpulab.report.plots import ratio_strip
 from gpulab.report.results import is_measured
 
@@ -21,8 +32,8 @@ ID = "changes"
 TITLE = "Changes against the baseline run"
 TEMPLATE = "changes.html.j2"
 
-VERDICT_COLORS = {"faster": "#009e73", "slower": "#d55e00", "within spread": "#8c8c8c",
-                  "status changed": "#cc79a7", "no spread recorded": "#e69f00"}
+VERDICT_COLORS = {FASTER: "#009e73", SLOWER: "#d55e00", WITHIN: "#8c8c8c", STATUS_CHANGED: "#cc79a7",
+                  NO_VERDICT: "#e69f00"}
 
 
 def build(ctx: Any) -> dict[str, Any] | None:
@@ -30,6 +41,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         return None
     new_targets, old_targets = set(ctx.results.targets), set(ctx.baseline.targets)
     common = sorted(new_targets & old_targets)
+    min_effect = float(ctx.config.get("_min_effect", MIN_EFFECT))
     targets = []
     points = []
     for target in common:
@@ -45,7 +57,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
                                   "counts": {}, "flagged": pd.DataFrame(), "all": pd.DataFrame()})
                 continue
             a, b = old[name], new[name]
-            deltas = run_deltas(a, b)
+            deltas = run_deltas(a, b, min_effect=min_effect)
             if not (is_measured(a) and is_measured(b)):
                 # Nothing timed to compare: only a changed outcome (a check that now fails) is news.
                 deltas = deltas[deltas["verdict"] == STATUS_CHANGED]
@@ -57,7 +69,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
                               "counts": {v: int(counts.get(v, 0)) for v in VERDICTS if counts.get(v)},
                               "flagged": flagged, "all": deltas})
             measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin(
-                ("faster", "slower", "within spread", "no spread recorded"))]
+                (FASTER, SLOWER, WITHIN, NO_VERDICT))]
             for _, row in measured.iterrows():
                 points.append({"cell": f"{target} · {name.rsplit('.', 1)[0]}", "verdict": row["verdict"],
                                "time ratio (new / baseline)": 1 + row["change_pct"] / 100})
@@ -74,7 +86,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
             frame, ratio="time ratio (new / baseline)", row="cell", hue="verdict", hue_colors=VERDICT_COLORS,
             xlabel="median time, this run / baseline (log scale; left of the line: faster)",
             alt="Per-cell change of the median time against the baseline run, coloured by verdict",
-            caption="Each dot is one cell measured in both runs; grey dots moved less than the measured spread. "
+            caption="Each dot is one cell measured in both runs; grey dots did not change significantly. "
                     "Diamonds are geometric means per artifact.",
         )
     return {
@@ -84,4 +96,5 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "only_baseline": sorted(old_targets - new_targets),
         "only_new": sorted(new_targets - old_targets),
         "overview": overview,
+        "min_effect_pct": 100 * min_effect,
     }

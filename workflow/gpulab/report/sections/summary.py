@@ -83,7 +83,7 @@ def _pct(row: pd.Series, names: tuple[str, ...]) -> float:
 
 
 def gelu_headline(results: ResultsIndex, target: str) -> Headline:
-    base = Headline("gelu_gbps", "Best GeLU bandwidth", "GB/s", pct_of="measured copy bandwidth")
+    base = Headline("gelu_gbps", "Best GeLU bandwidth", "GB/s", pct_of="measured copy ceiling (1 read + 1 write)")
     path = results.path(target, "bench/gelu.csv")
     if not path.is_file():
         return base
@@ -94,7 +94,7 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
     if row is None:
         return base
     return Headline(base.key, base.label, base.unit, float(row["gbps"]), _describe(row, ("impl", "dtype", "size")),
-                    _pct(row, ("pct_of_copy_bw",)), base.pct_of)
+                    _pct(row, ("pct_of_ceiling",)), base.pct_of)
 
 
 def llm_headline(results: ResultsIndex, target: str) -> Headline:
@@ -130,22 +130,25 @@ def mlp_headline(results: ResultsIndex, target: str) -> Headline:
                     _pct(row, ("pct_of_ceiling",)), base.pct_of)
 
 
+CEILING_HEADLINES = (("read", "Read-only bandwidth (ceiling)", "gbps", "GB/s"),
+                     ("copy", "Copy bandwidth (ceiling)", "gbps", "GB/s"),
+                     ("add", "2 reads + 1 write bandwidth (ceiling)", "gbps", "GB/s"),
+                     ("matmul", "Matmul rate (ceiling)", "tflops", "TFLOP/s"))
+
+
 def ceiling_headlines(results: ResultsIndex, target: str) -> list[Headline]:
-    copy = Headline("copy_gbps", "Copy bandwidth (ceiling)", "GB/s")
-    matmul = Headline("matmul_tflops", "Matmul rate (ceiling)", "TFLOP/s")
+    """The best of each ceiling (over sizes, dtypes and methods), with the method that set it."""
     path = results.path(target, "bench/ceilings.csv")
-    if not path.is_file():
-        return [copy, matmul]
-    ok = _ok_rows(results.read_csv(path, target))
+    ok = _ok_rows(results.read_csv(path, target)) if path.is_file() else pd.DataFrame()
     out = []
-    for headline, kind, column in ((copy, "copy", "gbps"), (matmul, "matmul", "tflops")):
-        rows = ok[ok["kind"] == kind] if "kind" in ok.columns and column in ok.columns else ok.iloc[0:0]
+    for kind, label, column, unit in CEILING_HEADLINES:
+        headline = Headline(f"{kind}_{column}", label, unit)
+        rows = ok[ok["kind"] == kind] if {"kind", column}.issubset(ok.columns) else ok.iloc[0:0]
         row = _best(rows, column) if not rows.empty else None
-        if row is None:
-            out.append(headline)
-        else:
-            out.append(Headline(headline.key, headline.label, headline.unit, float(row[column]),
-                                _describe(row, ("dtype",))))
+        if row is not None:
+            headline = Headline(headline.key, label, unit, float(row[column]),
+                                _describe(row, ("dtype", "size", "method")))
+        out.append(headline)
     return out
 
 

@@ -1,0 +1,166 @@
+"""``gpulab compare``: the per-cell verdict (bootstrap CI of the ratio of medians and a minimum effect), "no
+verdict" below 5 repetitions, ``--fail-on regression``, and an A/A pair of real CPU runs that must flag at
+most 5% of its cells."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from gpulab.bench.registry import BenchContext
+from gpulab.bench.runner import BENCH, run_cell
+from gpulab.cli import main as gpulab_main
+from gpulab.device import DeviceInfo
+from gpulab.report.compare import (
+    FASTER,
+    NO_VERDICT,
+    ONLY_A,
+    ONLY_B,
+    SLOWER,
+    STATUS_CHANGED,
+    WITHIN,
+    bootstrap_ratio_ci,
+    compare_runs,
+    regressions,
+    run_deltas,
+    times_verdict,
+)
+from gpulab.report.results import ResultsIndex
+from gpulab.timing import TimingSettings, format_times
+
+CPU = DeviceInfo(backend="cpu", torch_version=torch.__version__, hip_version=None, cuda_version=None,
+                 gpu_available=False, reason="PyTorch is a CPU-only build")
+
+
+def _noisy(median: float, n: int = 30, seed: int = 0, spread: float = 0.02) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return median * (1 + spread * rng.standard_normal(n))
+
+
+def test_a_clear_change_is_flagged_in_its_direction():
+    base = _noisy(1.0)
+    assert times_verdict(base, _noisy(1.10, seed=1)).verdict == SLOWER
+    assert times_verdict(base, _noisy(0.90, seed=1)).verdict == FASTER
+
+
+def test_a_significant_change_below_the_minimum_effect_is_not_flagged():
+    base = _noisy(1.0, n=400, spread=0.002)
+    small = _noisy(1.02, n=400, seed=1, spread=0.002)
+    verdict = times_verdict(base, small)
+    assert verdict.ci_low > 1  # statistically certain...
+    assert verdict.verdict == WITHIN  # ...but 2% is below the 3% default
+    assert times_verdict(base, small, min_effect=0.01).verdict == SLOWER
+
+
+def test_noise_wider_than_the_change_is_not_flagged():
+    assert times_verdict(_noisy(1.0, spread=0.3), _noisy(1.05, seed=1, spread=0.3)).verdict == WITHIN
+
+
+def test_fewer_than_five_repetitions_give_no_verdict_and_say_so():
+    verdict = times_verdict(np.array([1.0]), _noisy(2.0))
+    assert verdict.verdict == NO_VERDICT and "fewer than 5 repetitions (1 vs 30)" in verdict.note
+    assert times_verdict(_noisy(1.0, n=4), _noisy(1.0, n=5)).verdict == NO_VERDICT
+
+
+def test_the_bootstrap_interval_covers_the_ratio_of_medians():
+    a, b = _noisy(1.0, n=200), _noisy(1.5, n=200, seed=2)
+    low, high = bootstrap_ratio_ci(a, b)
+    assert low < np.median(b) / np.median(a) < high and high - low < 0.05
+
+
+def _row(impl: str, median: float, status: str = "ok", n: int = 30, seed: int = 0) -> dict:
+    times = _noisy(median, n=n, seed=seed)
+    return {"target": "t", "op": "gelu", "dtype": "fp32", "size": 1024, "impl": impl, "status": status,
+            "median_ms": float(np.median(times)), "p10_ms": float(np.percentile(times, 10)),
+            "p90_ms": float(np.percentile(times, 90)), "cv": 0.02, "reps": n, "times_ms": format_times(times)}
+
+
+def test_run_deltas_match_cells_and_flag_status_changes_and_missing_cells():
+    a = pd.DataFrame([_row("native", 1.0), _row("triton", 1.0), _row("manual", 2.0), _row("cpp_ext", 1.0),
+                      _row("study", 1.0, n=1)])
+    b = pd.DataFrame([_row("native", 1.5, seed=1), _row("triton", 1.0, "incorrect", seed=1),
+                      _row("manual", 2.0, seed=1), _row("torch_compile", 1.0), _row("study", 3.0, n=1)])
+    deltas = run_deltas(a, b).set_index("impl")
+    assert deltas.loc["native", "verdict"] == SLOWER
+    assert deltas.loc["native", "change_pct"] == pytest.approx(50.0, abs=3)
+    assert deltas.loc["triton", "verdict"] == STATUS_CHANGED and deltas.loc["triton", "note"] == "ok → incorrect"
+    assert deltas.loc["manual", "verdict"] == WITHIN
+    assert deltas.loc["study", "verdict"] == NO_VERDICT  # one timing each: a tripling is not evidence
+    assert deltas.loc["cpp_ext", "verdict"] == ONLY_A and deltas.loc["torch_compile", "verdict"] == ONLY_B
+    # Flagged cells come first: a reviewer reads regressions before noise.
+    assert list(run_deltas(a, b)["verdict"])[:2] == [SLOWER, STATUS_CHANGED]
+    assert set(regressions(run_deltas(a, b))["impl"]) == {"native", "triton"}
+
+
+def test_rows_with_only_tokens_per_second_compare_on_per_token_time():
+    a = pd.DataFrame([{"target": "t", "model": "m", "engine": "hf", "status": "ok", "tok_s": 100.0}])
+    b = a.assign(tok_s=50.0)
+    row = run_deltas(a, b).iloc[0]
+    assert row["change_pct"] == pytest.approx(100.0) and row["verdict"] == NO_VERDICT
+
+
+MATRIX = (("gelu", [(1 << 14,), (1 << 17,)]), ("add", [(1 << 14,), (1 << 17,)]), ("softmax", [(64, 256), (256, 512)]))
+
+
+def _a_a_runs(first: Path, second: Path) -> None:
+    """Two real CPU runs of a small benchmark matrix, written as two results directories.
+
+    The runs alternate case by case (op x implementation x size x dtype), so load from other processes on
+    a shared CI machine falls on both runs alike; one torch thread keeps the cores from being
+    oversubscribed.
+    """
+    settings = TimingSettings(min_time_s=0.05, min_reps=30, max_reps=200, max_wall_s=1.0, warmup_reps=3,
+                              flush_cache=False)
+    ctx = BenchContext(CPU, "local")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for op, shapes in MATRIX:
+            rows: dict[Path, list] = {first: [], second: []}
+            for impl in ("native", "manual"):
+                for shape in shapes:
+                    for dtype in ("fp32", "bf16"):
+                        for root in (first, second):
+                            rows[root] += run_cell(op, impl, shapes=[shape], dtypes=[dtype], settings=settings,
+                                                   ctx=ctx, fingerprint="aa", progress=False)
+            for root, found in rows.items():
+                BENCH.write(found, root / "local" / "bench" / f"{op}.csv")
+    finally:
+        torch.set_num_threads(threads)
+    for root in (first, second):
+        (root / "local" / "env").mkdir(parents=True, exist_ok=True)
+        (root / "local" / "env" / "env.json").write_text(json.dumps({"fingerprint": "aa", "device": {"name": "cpu"}}))
+
+
+def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    _a_a_runs(first, second)
+    deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
+    judged = deltas[deltas["verdict"].isin([SLOWER, FASTER, WITHIN])]
+    assert len(judged) == 24, deltas["verdict"].value_counts()
+    flagged = deltas[deltas["verdict"].isin([SLOWER, FASTER, STATUS_CHANGED])]
+    assert len(flagged) <= 0.05 * len(deltas), flagged[["artifact", "impl", "size", "dtype", "change_pct"]]
+
+
+def test_fail_on_regression_exits_non_zero_on_a_significant_slowdown(tmp_path, capsys):
+    base = tmp_path / "base" / "local"
+    (base / "bench").mkdir(parents=True)
+    (base / "env").mkdir()
+    (base / "env" / "env.json").write_text(json.dumps({"fingerprint": "x", "device": {"name": "cpu"}}))
+    rows = [{**_row("native", 1.0), "target": "local", "fingerprint": "x", "reason": ""}]
+    BENCH.write(rows, base / "bench" / "gelu.csv")
+    new = tmp_path / "new" / "local"
+    shutil.copytree(base, new)
+    out = tmp_path / "c.html"
+    args = ["compare", str(base.parent), str(new.parent), "-o", str(out), "--fail-on", "regression"]
+    assert gpulab_main(args) == 0
+    BENCH.write([{**rows[0], **_row("native", 1.2, seed=3), "target": "local"}], new / "bench" / "gelu.csv")
+    assert gpulab_main(args) == 1
+    assert "regression" in capsys.readouterr().err
+    assert gpulab_main([*args, "--min-effect", "30"]) == 0  # a 20% slowdown is below a 30% minimum effect
+    assert gpulab_main(args[:-2]) == 0  # without --fail-on the comparison only reports
