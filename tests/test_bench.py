@@ -206,7 +206,7 @@ def test_one_definition_per_op_reference_bytes_pattern_and_extension_name():
     assert compare(ref.float(), ref, "fp32").passed and not compare(x.float(), ref, "fp32").passed
     assert set(ELEMENT_TOLERANCES) == set(THRESHOLDS)
     assert by_ext_op("softmax_rows") is OPS["softmax"]
-    with pytest.raises(ValueError, match="no op is torch.ops.gpulab.nope"):
+    with pytest.raises(ValueError, match=r"no op is torch\.ops\.gpulab\.nope"):
         by_ext_op("nope")
 
 
