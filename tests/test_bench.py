@@ -16,7 +16,16 @@ import pytest
 import torch
 from gpulab.bench import impls
 from gpulab.bench.correctness import THRESHOLDS, tolerance_for
-from gpulab.bench.ops import ELEMENT_TOLERANCES, OPS, check, compare, manual_gelu, op_spec, parse_shape
+from gpulab.bench.ops import (
+    ELEMENT_TOLERANCES,
+    OPS,
+    by_ext_op,
+    check,
+    compare,
+    manual_gelu,
+    op_spec,
+    parse_shape,
+)
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry, Unavailable
 from gpulab.bench.runner import BENCH, aggregate, run_case, run_cell
 from gpulab.bench.sizes import (
@@ -196,6 +205,9 @@ def test_one_definition_per_op_reference_bytes_pattern_and_extension_name():
     ref = OPS["gelu"].reference(x)
     assert compare(ref.float(), ref, "fp32").passed and not compare(x.float(), ref, "fp32").passed
     assert set(ELEMENT_TOLERANCES) == set(THRESHOLDS)
+    assert by_ext_op("softmax_rows") is OPS["softmax"]
+    with pytest.raises(ValueError, match=r"no op is torch\.ops\.gpulab\.nope"):
+        by_ext_op("nope")
 
 
 def test_the_gelu_formula_is_written_once_in_python(repo):

@@ -139,4 +139,4 @@ def test_strict_run_goes_on_and_ends_with_one_summary(done, tmp_path):
     for step in ("bench_cell_gelu__triton.log", "bench_cell_add__triton.log"):
         assert step in summary
     assert "strict mode" in summary and "skipped" in summary
-    assert "size=4096," in summary and "size=4096.0" not in summary
+    assert "size=4096]" in summary and "size=4096.0" not in summary

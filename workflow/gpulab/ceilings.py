@@ -22,6 +22,7 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -135,18 +136,23 @@ def _triton_methods(pattern: str) -> dict[str, Builder]:
     return {f"triton b{block} w{warps}": build(block, warps) for block, warps in ceiling.SWEEP}
 
 
-def timed_row(closures: Sequence[Closure], timing: TimingSettings, info: DeviceInfo) -> dict[str, Any]:
-    """Timing columns of one method, with the GPU's state read before and after."""
+def with_state(info: DeviceInfo, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of one group of measurements, each with the GPU's state read before and after the group."""
     before = gpu_state(info.backend)
-    result = measure(list(closures), timing, info)
+    rows = run()
     after = gpu_state(info.backend)
-    return {"status": "ok", "reason": "", **result.as_row(), "gpu_before": state_text(before),
-            "gpu_after": state_text(after), "throttled": throttled(before, after)}
+    state = {"gpu_before": state_text(before), "gpu_after": state_text(after), "throttled": throttled(before, after)}
+    return [{**row, **state} if row["status"] != "skipped" else row for row in rows]
+
+
+def timed_row(closures: Sequence[Closure], timing: TimingSettings, info: DeviceInfo) -> dict[str, Any]:
+    """Timing columns of one method."""
+    return {"status": "ok", "reason": "", **measure(list(closures), timing, info).as_row()}
 
 
 def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mapping[str, Builder | str],
                     timing: TimingSettings, info: DeviceInfo) -> list[dict[str, Any]]:
-    """All methods of one pattern at one size and dtype: one row each."""
+    """All methods of one pattern at one size and dtype: one row each (the GPU state: see with_state)."""
     import torch
 
     numel = tensor_bytes // ITEMSIZE[dtype]
@@ -220,7 +226,7 @@ def measure_matmul(modes: Sequence[str], mlp_config: Mapping[str, Any] | None, t
             previous = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
             try:
-                row = timed_row([lambda a=a, b=b: a @ b], timing, info)
+                row = with_state(info, lambda a=a, b=b: [timed_row([lambda: a @ b], timing, info)])[0]
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = previous
             rows.append({"kind": "matmul", "dtype": mode, "size": f"{m}x{n}x{k}", "method": "torch.matmul", **row,
@@ -262,7 +268,7 @@ def measure_ceilings(
         methods = pattern_methods(pattern, triton_reason, ext_reason)
         for size in curve_sizes(largest):
             for dtype in dtypes:
-                rows += measure_pattern(pattern, dtype, size, methods, timing, info)
+                rows += with_state(info, partial(measure_pattern, pattern, dtype, size, methods, timing, info))
                 log.info("%s %s %s: best %.4g GB/s", pattern, dtype, size,
                          max((r.get("gbps") or 0.0) for r in rows[-len(methods):]))
     # TF32 is a CUDA-only matmul mode (ROCm has none); measured so tf32 variants have a ceiling.

@@ -1,17 +1,16 @@
 """The source files a workflow step's result depends on, so Snakemake reruns exactly the steps an edit affects.
 
 A step's library code is the closure of the ``gpulab`` modules its script imports (at any depth, including
-imports inside functions), found by reading the sources, never by importing them: the Snakefile stays quick to
-parse. Kernel sources live outside the package and are loaded by path (``gpulab.kernels``), so they are listed
-per implementation in :data:`KERNEL_SOURCES`; data files a step reads are listed per script in
-:data:`DATA_SOURCES`. Paths are relative to the repository root; the workflow turns them into paths relative to
+imports inside functions), found by reading the import statements, never by importing them: the Snakefile
+stays quick to parse. Kernel sources live outside the package and are loaded by path (``gpulab.kernels``),
+so they are listed per implementation in :data:`KERNEL_SOURCES`; data files a step reads are listed per
+script in :data:`DATA_SOURCES`. Paths are relative to the repository root; the workflow makes them relative to
 its working directory, so a moved checkout reruns nothing.
 """
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterable
+import re
 from functools import cache
 from pathlib import Path
 
@@ -51,19 +50,23 @@ def _module_file(name: str, package_dir: Path) -> Path | None:
     return None
 
 
+# Import statements of the package, found by text rather than by parsing (parsing every module took a second
+# of each `snakemake -n`). A mention in a docstring at worst adds a dependency, never loses one.
+_FROM = re.compile(r"^[ \t]*from[ \t]+(gpulab[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)", re.M)
+_IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n#]+)", re.M)
+
+
 @cache
 def _imported_names(path: Path) -> tuple[str, ...]:
     """Every module name an import statement in ``path`` may load (``from a import b`` may mean a or a.b)."""
-    return tuple(_imports(path))
-
-
-def _imports(path: Path) -> Iterable[str]:
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            yield node.module
-            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+    text = path.read_text(encoding="utf-8")
+    names = []
+    for module, imported in _FROM.findall(text):
+        names.append(module)
+        names += [f"{module}.{n.split()[0]}" for n in imported.strip("()").replace("\\", "").split(",") if n.strip()]
+    for imported in _IMPORT.findall(text):
+        names += [n.split()[0] for n in imported.split(",") if n.strip().startswith(PACKAGE)]
+    return tuple(names)
 
 
 @cache

@@ -14,15 +14,15 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulab.bench.ops import manual_add, manual_gelu, manual_softmax
+from gpulab.bench.ops import OPS, manual_add, manual_gelu, manual_softmax
 from gpulab.bench.registry import BenchContext, Case, Unavailable, register
 
 if TYPE_CHECKING:
     import torch
 
 Closure = Callable[[], "torch.Tensor"]
-EXTENSION_OPS = {"gelu": "gelu_tanh", "softmax": "softmax_rows", "add": "vector_add"}
-MANUAL = {"gelu": manual_gelu, "softmax": manual_softmax, "add": manual_add}
+EXTENSION_OPS = {op: spec.ext_op for op, spec in OPS.items()}
+MANUAL = {op: spec.manual for op, spec in OPS.items()}
 
 
 # ---------------------------------------------------------------- availability

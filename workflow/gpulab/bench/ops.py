@@ -149,6 +149,14 @@ def op_spec(name: str) -> OpSpec:
         raise ValueError(f"unknown op {name!r}; expected one of {', '.join(OPS)}") from None
 
 
+def by_ext_op(ext_op: str) -> OpSpec:
+    """The op the C++ extension calls ``ext_op`` (``torch.ops.gpulab.<ext_op>``)."""
+    for spec in OPS.values():
+        if spec.ext_op == ext_op:
+            return spec
+    raise ValueError(f"no op is torch.ops.gpulab.{ext_op}; expected one of {', '.join(s.ext_op for s in OPS.values())}")
+
+
 def parse_shape(op: str, value: int | Sequence[int] | str) -> Shape:
     """A size from config or a CSV (``98432``, ``[1823, 781]``, ``"1823x781"``) as a shape of the op's rank."""
     spec = op_spec(op)

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.bench.ops import OPS as OP_SPECS
+from gpulab.bench.registry import BASELINE
 from gpulab.dtypes import ITEMSIZE
 from gpulab.report import plots
 
@@ -21,7 +22,6 @@ TEMPLATE = "bench.html.j2"
 
 OPS = tuple(OP_SPECS)
 DTYPES = tuple(ITEMSIZE)
-BASELINE = "native"
 OP_TITLES = {
     "gelu": "GeLU (tanh approximation)",
     "softmax": "Softmax over the rows of a 2-D tensor",

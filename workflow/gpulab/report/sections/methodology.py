@@ -79,8 +79,12 @@ def correctness_thresholds(config: dict[str, Any]) -> pd.DataFrame | None:
     if not isinstance(defaults, dict) or not defaults:
         return None
     overrides = (config.get("bench") or {}).get("tolerances") or {}
+    from gpulab.bench.ops import ELEMENT_TOLERANCES
+
     return pd.DataFrame([{"dtype": k, "max relative error": overrides.get(k, v),
-                          "from": "config bench.tolerances" if k in overrides else "default"}
+                          "from": "config bench.tolerances" if k in overrides else "default",
+                          "per element: atol (× rms of ref)": ELEMENT_TOLERANCES[k][0],
+                          "per element: rtol": ELEMENT_TOLERANCES[k][1]}
                          for k, v in defaults.items()])
 
 
