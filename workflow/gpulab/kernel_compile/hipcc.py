@@ -89,7 +89,7 @@ def _refusal(stderr: str, a: Arch, seconds: float) -> dict[str, Any]:
 
 def _kernel_row(symbol: str, figures: dict[str, Any], seconds: float) -> dict[str, Any]:
     name = demangle(symbol)
-    short = name.split("(", 1)[0]
+    short = re.sub(r"^void\s+", "", name.split("(", 1)[0])  # gpulab::kernels::softmax_warp_kernel<float, 32>
     lower = name.lower()
     op = next((o for o in OPS if o in short.lower()), "")
     dtype = next((d for token, d in DTYPES if token.lower() in lower), "")

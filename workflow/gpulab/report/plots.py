@@ -517,6 +517,7 @@ def value_heatmap(
     annot = grid.map(lambda v: "–" if pd.isna(v) else fmt.format(v))
     sns.heatmap(grid.astype(float), ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annot, fmt="", cbar=True,
                 linewidths=0.5, linecolor="white", annot_kws={"fontsize": 8}, cbar_kws={"label": label})
+    ax.grid(False)  # empty cells stay blank instead of showing the style's grid
     ax.set_xlabel(columns)
     ax.set_ylabel(index)
     ax.tick_params(axis="y", rotation=0)

@@ -20,9 +20,11 @@ STUDY_ARCH = "gfx1151"
 
 
 def kernel_label(df: pd.DataFrame) -> pd.Series:
-    """Heatmap row names: the kernel, marked (hipcc) for HIP C++ ones."""
+    """Heatmap row names: the kernel without namespaces and template arguments (one row covers all of a
+    template's instantiations), marked (hipcc) for HIP C++ ones."""
     hip = df["compiler"].fillna("").str.startswith("hipcc")
-    return df["kernel"].fillna("") + hip.map({True: " (hipcc)", False: ""})
+    base = df["kernel"].fillna("").str.replace(r"<.*$", "", regex=True).str.replace(r"^.*::", "", regex=True)
+    return base + hip.map({True: " (hipcc)", False: ""})
 
 
 def representative(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
@@ -35,7 +37,7 @@ def representative(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
 
 def per_kernel_arch(ok: pd.DataFrame) -> pd.DataFrame:
     """Per kernel x arch over all its launch configurations and dtypes: the worst case of each figure."""
-    grouped = ok.assign(label=kernel_label(ok)).groupby(["label", "arch"], sort=False)
+    grouped = ok.assign(kernel=kernel_label(ok)).groupby(["kernel", "arch"], sort=False)
     return grouped.agg(
         launches=("status", "size"), registers_min=("registers", "min"), registers_max=("registers", "max"),
         spilled_regs=("spilled_regs", "max"), scratch_bytes=("scratch_bytes", "max"),
@@ -46,13 +48,14 @@ def per_kernel_arch(ok: pd.DataFrame) -> pd.DataFrame:
 
 def figures(summary: pd.DataFrame, target: str) -> list[plots.Figure]:
     occ = plots.value_heatmap(
-        summary, index="label", columns="arch", values="occupancy_min", column_order=ARCH_ORDER, vmin=0, vmax=1,
+        summary, index="kernel", columns="arch", values="occupancy_min", column_order=ARCH_ORDER, vmin=0, vmax=1,
         fmt="{:.2f}", label="lowest occupancy over launches",
         alt="Heatmap of the lowest occupancy of each kernel on each architecture",
         caption=f"Resident warps (waves) per SM/CU/WGP as a fraction of the architecture's maximum, the worst "
                 f"launch configuration and dtype of each kernel (compiled on target {target}).")
     spills = plots.value_heatmap(
-        summary, index="label", columns="arch", values="spilled_regs", column_order=ARCH_ORDER, vmin=0,
+        summary, index="kernel", columns="arch", values="spilled_regs", column_order=ARCH_ORDER, vmin=0,
+        vmax=max(1.0, float(summary["spilled_regs"].max())),
         fmt="{:.0f}", cmap="rocket_r", label="registers spilled (worst launch)",
         alt="Heatmap of the most registers any launch of each kernel spills on each architecture",
         caption="Registers spilled to scratch memory by the worst launch of each kernel (AMD: VGPR+SGPR spill "
