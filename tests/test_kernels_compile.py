@@ -210,3 +210,36 @@ def test_report_section_shows_heatmaps_and_measured_beside_static(tmp_path):
     assert set(measured["op"]) == {"gelu"} and (measured["best_gbps"] > 1000).all()  # the H100 fixture's GB/s
     assert (measured["launches"] == 2).all() and measured["occupancy_min"].between(0.5, 1).all()
     assert list(section["not_ok"]["status"]) == ["skipped"]
+
+
+def _args_for(launch: Launch, device: str) -> list:
+    """Arguments of a real launch matching the launch's signature (aligned tensors, sizes multiples of 16)."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[launch.dtype]
+    ints = [name for name, kind in launch.signature.items() if kind in ("i32", "i64")]
+    cols = launch.constexprs.get("BLOCK_N", 0) * (2 if launch.kernel.__name__ == "softmax_looped_kernel" else 1)
+    values = {"n_elements": 2**20, "n_rows": 64, "n_cols": cols, "x_row_stride": cols, "y_row_stride": cols}
+    numel = values["n_elements"] if "n_elements" in ints else 64 * cols
+    pointers = [torch.randn(numel, device=device).to(dtype) for kind in launch.signature.values() if kind[0] == "*"]
+    return pointers + [values[name] for name in ints]
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("torch") or not __import__("torch").cuda.is_available(),
+                    reason="needs a GPU: compares the table with kernels the driver loaded")
+def test_launched_kernels_use_the_registers_the_table_records():
+    """On a GPU host: each gelu and softmax launch run for real reports (n_regs, n_spills) equal to the
+    ahead-of-time compile of the same launch for this device's architecture."""
+    from gpulab.kernels.triton.config import current_target
+
+    target = current_target()
+    if target.arch not in ARCHS:
+        pytest.skip(f"{target.arch} is not one of the compiled architectures")
+    a = arch(target.arch)
+    todo = [x for x in launches(target, ("fp32", "bf16"), SIZES) if x.op in ("gelu", "softmax")]
+    for launch in todo:
+        with private_triton_cache():
+            row = compile_launch(launch, a)
+        compiled = launch.kernel[(1,)](*_args_for(launch, "cuda"), **launch.constexprs, num_warps=launch.num_warps)
+        assert row["status"] == "ok", row.get("reason")
+        assert (compiled.n_regs, compiled.n_spills > 0) == (row["registers"], row["spilled_regs"] > 0), launch.variant
