@@ -8,10 +8,11 @@ One table, one formula. Sources of the limits:
 - AMD: LLVM AMDGPUUsage and AMDGPUBaseInfo.cpp (getMaxWavesPerEU, getTotalNumVGPRs, getVGPRAllocGranule,
   getMaxWorkGroupsPerCU), the CDNA2/CDNA3 and RDNA3 ISA guides: CDNA (gfx90a, gfx942) has 4 SIMDs per CU,
   512 unified VGPRs per lane per SIMD allocated in 8s, 8 waves per SIMD, 800 SGPRs per SIMD allocated in
-  16s, 64 KiB LDS per CU, 16 workgroups (barriers) per CU. RDNA3 / RDNA3.5 (gfx1100, gfx1151) in WGP mode
-  (the compiler's default) schedules on a workgroup processor of 4 SIMDs with 128 KiB LDS and 32
-  workgroups; 16 wave32 waves per SIMD; gfx1100 and gfx1151 have the 1.5x register file (1536 VGPRs per
-  lane, allocated in 24s in wave32; LLVM's Feature1_5xVGPRs); SGPRs never limit occupancy on gfx10+.
+  16s, 64 KiB LDS per CU, at most 16 workgroups per CU (LLVM's limit for multi-wave workgroups).
+  RDNA3 / RDNA3.5 (gfx1100, gfx1151) in WGP mode (the compiler's default) schedules a workgroup on a
+  workgroup processor of 4 SIMDs with 128 KiB LDS and at most 32 workgroups; 16 wave32 waves per SIMD;
+  gfx1100 and gfx1151 have the 1.5x register file (1536 VGPRs per lane, allocated in 24s in wave32; LLVM's
+  Feature1_5xVGPRs); SGPRs never limit occupancy on gfx10+.
 The AMD register arithmetic is checked against LLVM's own "; Occupancy:" note in the tests.
 """
 

@@ -35,12 +35,17 @@ def vector_elements(sizes: Any) -> tuple[int, ...]:
 def triton_rows(a: Arch, dtypes: tuple[str, ...], sizes: Any, cache_dir: Path) -> list[dict[str, Any]]:
     if importlib.util.find_spec("triton") is None:
         return [{"status": "skipped", "reason": "Triton is not installed", "compiler": "triton"}]
-    import triton
-
-    from gpulab.kernel_compile.triton_aot import cached_path, compile_cached, compile_launch, private_triton_cache
+    from gpulab.kernel_compile.triton_aot import (
+        cached_path,
+        compile_cached,
+        compile_launch,
+        compiler_name,
+        private_triton_cache,
+    )
     from gpulab.kernels.triton.launches import launches
 
     todo = launches(a.target, dtypes, vector_elements(sizes))
+    compiler = compiler_name(a)
     rows = []
     with private_triton_cache():
         if not all(cached_path(launch, a, cache_dir).is_file() for launch in todo):
@@ -48,7 +53,7 @@ def triton_rows(a: Arch, dtypes: tuple[str, ...], sizes: Any, cache_dir: Path) -
         for launch in todo:
             outcome = compile_cached(launch, a, cache_dir)
             rows.append({
-                "compiler": f"triton {triton.__version__}",
+                "compiler": compiler,
                 "source": str(Path(launch.kernel.fn.__code__.co_filename).resolve().relative_to(REPO_ROOT)),
                 "op": launch.op, "kernel": launch.kernel.__name__, "variant": launch.variant,
                 "dtype": launch.dtype, "num_warps": launch.num_warps, **outcome,

@@ -25,6 +25,17 @@ def gpu_target(a: Arch) -> Any:
     return GPUTarget(a.backend, arch, a.warp_size)
 
 
+def compiler_name(a: Arch) -> str:
+    """triton <version>, with the ptxas it drives for NVIDIA (the wheel's own unless TRITON_PTXAS_PATH)."""
+    import triton
+
+    if a.backend != "cuda":
+        return f"triton {triton.__version__}"
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return f"triton {triton.__version__} (ptxas {get_ptxas(int(a.name.removeprefix('sm_'))).version})"
+
+
 def cache_key(launch: Any, a: Arch) -> str:
     """Digest of everything the compiled code depends on: the kernel source and the Triton functions it
     calls (JITFunction.cache_key), Triton's version, the signature, constants, attributes and the target."""
