@@ -21,6 +21,7 @@ config.update(validate_config(config))
 include: "workflow/rules/common.smk"
 include: "workflow/rules/env.smk"
 include: "workflow/rules/build.smk"
+include: "workflow/rules/kernels.smk"
 include: "workflow/rules/bench.smk"
 include: "workflow/rules/mlp.smk"
 include: "workflow/rules/llm.smk"

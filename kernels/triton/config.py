@@ -1,10 +1,14 @@
-"""Launch configurations shared by the Triton kernels of this directory, per GPU backend.
+"""Launch configurations shared by the Triton kernels of this directory, per architecture family.
 
-``num_warps`` counts hardware warps: 32 threads on NVIDIA, a 64-thread wavefront on AMD. Elementwise
-kernels autotune over a small list (the best block differs by dtype and device: on an H100, 8 KiB per
-program with 16 warps for fp32, 8-16 KiB for bf16; autotuning happens in the first call, which the
-benchmark reports separately). Softmax picks its blocks from the row width with the table below, written
-in threads and converted with the device's warp size, so both backends get the same elements per thread.
+``num_warps`` counts hardware warps: 32 threads on NVIDIA and on RDNA (wave32), a 64-thread wavefront
+on CDNA (wave64). The family of the running device (``family``) picks the elementwise autotune list and
+the softmax table; ``gpulab.kernel_compile`` compiles exactly these choices ahead of time for every
+listed architecture and records registers, spills and occupancy (``build/kernel_resources.csv``), and
+``tests/test_kernels_compile.py`` checks from that table that no chosen configuration spills or falls
+below half occupancy on any of them. Elementwise kernels autotune over their family's list (on an H100,
+8 KiB per program with 16 warps for fp32, 8-16 KiB for bf16; autotuning happens in the first call, which
+the benchmark reports separately). Softmax picks its blocks from the row width, written in threads and
+converted with the device's warp size, so every family gets the same elements per thread.
 """
 
 from __future__ import annotations
@@ -15,11 +19,21 @@ from dataclasses import dataclass
 
 import triton
 
+FAMILIES = ("nvidia", "cdna", "rdna")
+
 
 @dataclass(frozen=True)
 class Target:
     backend: str  # "cuda" | "hip" | "interpreter"
     warp_size: int
+    arch: str = ""  # gfx1151 / sm_90; empty for the interpreter
+
+    @property
+    def family(self) -> str:
+        """nvidia (and the interpreter) | cdna (AMD wave64: gfx9) | rdna (AMD wave32: gfx10-12)."""
+        if self.backend == "hip":
+            return "rdna" if self.warp_size == 32 else "cdna"
+        return "nvidia"
 
 
 def interpreted() -> bool:
@@ -33,24 +47,50 @@ def current_target() -> Target:
         # The interpreter runs kernels on the CPU (used by the tests); lay them out as for NVIDIA.
         return Target(backend="interpreter", warp_size=32)
     target = triton.runtime.driver.active.get_current_target()
-    return Target(backend=str(target.backend), warp_size=int(getattr(target, "warp_size", 32)))
+    arch = target.arch if isinstance(target.arch, str) else f"sm_{target.arch}"
+    return Target(backend=str(target.backend), warp_size=int(getattr(target, "warp_size", 32)), arch=arch)
 
 
 # (BLOCK_SIZE, num_warps): 4 to 32 elements per thread; (512, 4) and (1024, 4) are PyTorch's and
-# Inductor's choices for large pointwise ops. On a 64-wide wavefront the same num_warps is
-# twice the threads; 16 warps is still within AMD's 1024-thread limit.
-ELEMENTWISE_SHAPES = ((512, 4), (1024, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16))
+# Inductor's choices for large pointwise ops. Measured on an H100 (32-thread warps). Each family keeps
+# the same threads per block and elements per thread: RDNA's wave32 takes the list as it is, CDNA's
+# 64-thread wavefronts halve num_warps (otherwise a block would hold twice the threads and half the
+# elements per thread: (512, 4) would load 2 fp32 per thread, below one 16-byte vector). The compiled
+# table (build/kernel_resources.csv) shows none of these spills or falls below half occupancy on gfx1151,
+# gfx1100, gfx942, gfx90a, sm_90 or sm_80; speed on AMD is not measured yet.
+_NVIDIA_ELEMENTWISE = ((512, 4), (1024, 4), (2048, 8), (2048, 16), (4096, 8), (4096, 16), (8192, 16))
+ELEMENTWISE_SHAPES = {
+    "nvidia": _NVIDIA_ELEMENTWISE,
+    "rdna": _NVIDIA_ELEMENTWISE,
+    "cdna": tuple((block, warps // 2) for block, warps in _NVIDIA_ELEMENTWISE),
+}
+# The autotune decorator is built at import, before the device is known: it holds every family's shapes
+# and prunes them to the running family's at the first launch (prune_to_family).
+ELEMENTWISE_CANDIDATES = tuple(dict.fromkeys(s for shapes in ELEMENTWISE_SHAPES.values() for s in shapes))
 # The interpreter (tests) and explicit overrides use this one without autotuning.
 ELEMENTWISE_DEFAULT = (2048, 16)
 
 
+def elementwise_shapes(target: Target | None = None) -> tuple[tuple[int, int], ...]:
+    """The (BLOCK_SIZE, num_warps) pairs the family of ``target`` (default: the running device) tries."""
+    return ELEMENTWISE_SHAPES[(target or current_target()).family]
+
+
 def elementwise_configs() -> list[triton.Config]:
-    return [triton.Config({"BLOCK_SIZE": block}, num_warps=warps) for block, warps in ELEMENTWISE_SHAPES]
+    return [triton.Config({"BLOCK_SIZE": block}, num_warps=warps) for block, warps in ELEMENTWISE_CANDIDATES]
+
+
+def prune_to_family(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    chosen = set(elementwise_shapes())
+    return [c for c in configs if (c.kwargs["BLOCK_SIZE"], c.num_warps) in chosen]
+
+
+ELEMENTWISE_PRUNE = {"early_config_prune": prune_to_family}
 
 
 def quick_bench(kernel_call, quantiles):
-    """Autotuning benchmark: short (5 ms warm-up, 25 ms of repetitions) since seven configs are tried
-    per tensor size and dtype; differences between configs are a few percent, above its noise."""
+    """Autotuning benchmark: short (5 ms warm-up, 25 ms of repetitions) since seven configs are
+    tried per tensor size and dtype; differences between configs are a few percent, above its noise."""
     from triton.testing import do_bench
 
     return do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
@@ -58,7 +98,7 @@ def quick_bench(kernel_call, quantiles):
 
 def needs_64bit_offsets(n_elements: int) -> bool:
     """int32 offsets overflow past 2^31 elements; below that they are cheaper."""
-    return n_elements + max(b for b, _ in ELEMENTWISE_SHAPES) >= 2**31
+    return n_elements + max(b for b, _ in ELEMENTWISE_CANDIDATES) >= 2**31
 
 
 @dataclass(frozen=True)
@@ -72,6 +112,9 @@ class SoftmaxConfig:
         threads = min(self.max_threads, max(warp_size, block_elems // self.elems_per_thread))
         return max(1, triton.next_power_of_2(threads // warp_size))
 
+    def rows_per_program(self, block_n: int) -> int:
+        return max(1, self.program_elems // block_n)
+
     def looped_block(self, itemsize: int) -> int:
         # Measured on an H100 at 4096x16384: 8192 columns per step for fp32, 4096 for 16-bit types.
         return 8192 if itemsize >= 4 else 4096
@@ -81,11 +124,11 @@ class SoftmaxConfig:
 # 2048 elements per program at 16 per thread for short rows, one row per program with 1024 threads
 # (16384 columns) for wide ones.
 SOFTMAX = {
-    "cuda": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
-    "hip": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
+    "nvidia": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
+    "cdna": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
+    "rdna": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
 }
 
 
 def softmax_config(target: Target | None = None) -> SoftmaxConfig:
-    target = target or current_target()
-    return SOFTMAX.get(target.backend, SOFTMAX["cuda"])
+    return SOFTMAX[(target or current_target()).family]

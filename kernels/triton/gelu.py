@@ -6,10 +6,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .config import ELEMENTWISE_DEFAULT, elementwise_configs, interpreted, needs_64bit_offsets, quick_bench
+from .config import (
+    ELEMENTWISE_DEFAULT,
+    ELEMENTWISE_PRUNE,
+    elementwise_configs,
+    interpreted,
+    needs_64bit_offsets,
+    quick_bench,
+)
 
 
-@triton.autotune(configs=elementwise_configs(), key=["n_elements"], do_bench=quick_bench)
+@triton.autotune(configs=elementwise_configs(), key=["n_elements"], prune_configs_by=ELEMENTWISE_PRUNE,
+                 do_bench=quick_bench)
 @triton.jit
 def gelu_kernel(x_ptr, y_ptr, n_elements, OFFSETS_64: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     pid = tl.program_id(axis=0)

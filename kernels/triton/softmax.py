@@ -8,11 +8,13 @@ followed by a normalising pass, walked backwards so the row's tail is still in t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from .config import current_target, softmax_config
+from .config import Target, current_target, softmax_config
 
 
 @triton.jit
@@ -62,6 +64,37 @@ def softmax_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOC
         tl.store(y_row_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@dataclass(frozen=True)
+class SoftmaxLaunch:
+    looped: bool  # softmax_looped_kernel (one row per program, BLOCK_N columns per step) or softmax_kernel
+    block_m: int  # rows per program (1 for the looped kernel)
+    block_n: int
+    num_warps: int
+
+
+def launch_choice(
+    n_rows: int,
+    n_cols: int,
+    itemsize: int,
+    target: Target,
+    *,
+    rows_per_program: int | None = None,
+    num_warps: int | None = None,
+    looped_block: int | None = None,
+) -> SoftmaxLaunch:
+    """Kernel and blocks for one input: what ``softmax`` launches and what the ahead-of-time compile covers."""
+    config = softmax_config(target)
+    block_n = triton.next_power_of_2(n_cols)
+    if block_n <= config.max_fused_cols and looped_block is None:
+        block_m = rows_per_program or config.rows_per_program(block_n)
+        block_m = min(triton.next_power_of_2(block_m), triton.next_power_of_2(n_rows))
+        warps = num_warps or config.num_warps(block_m * block_n, target.warp_size)
+        return SoftmaxLaunch(looped=False, block_m=block_m, block_n=block_n, num_warps=warps)
+    block = looped_block or config.looped_block(itemsize)
+    warps = num_warps or config.num_warps(block, target.warp_size)
+    return SoftmaxLaunch(looped=True, block_m=1, block_n=block, num_warps=warps)
+
+
 def softmax(
     x: torch.Tensor,
     out: torch.Tensor | None = None,
@@ -79,18 +112,13 @@ def softmax(
         raise ValueError(f"softmax: out must be a {x.dtype} tensor of shape {tuple(x.shape)}")
     if n_rows == 0 or n_cols == 0:
         return y
-    target = current_target()
-    config = softmax_config(target)
-    block_n = triton.next_power_of_2(n_cols)
-    if block_n <= config.max_fused_cols and looped_block is None:
-        block_m = rows_per_program or max(1, config.program_elems // block_n)
-        block_m = min(triton.next_power_of_2(block_m), triton.next_power_of_2(n_rows))
-        warps = num_warps or config.num_warps(block_m * block_n, target.warp_size)
-        grid = (triton.cdiv(n_rows, block_m),)
-        softmax_kernel[grid](x, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
-                             num_warps=warps)
+    launch = launch_choice(n_rows, n_cols, x.element_size(), current_target(), rows_per_program=rows_per_program,
+                           num_warps=num_warps, looped_block=looped_block)
+    if launch.looped:
+        softmax_looped_kernel[(n_rows,)](x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=launch.block_n,
+                                         num_warps=launch.num_warps)
     else:
-        block = looped_block or config.looped_block(x.element_size())
-        warps = num_warps or config.num_warps(block, target.warp_size)
-        softmax_looped_kernel[(n_rows,)](x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=block, num_warps=warps)
+        softmax_kernel[(triton.cdiv(n_rows, launch.block_m),)](
+            x, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+            num_warps=launch.num_warps)
     return y

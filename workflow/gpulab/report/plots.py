@@ -491,3 +491,36 @@ def ratio_strip(
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}×"))
     _shared_legend(fig, [ax], hue)
     return embed(fig, alt, caption, data if data is not None else df)
+
+
+def value_heatmap(
+    df: pd.DataFrame,
+    *,
+    index: str,
+    columns: str,
+    values: str,
+    alt: str,
+    label: str,
+    caption: str = "",
+    fmt: str = "{:.2f}",
+    cmap: str = "viridis",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    column_order: Sequence[str] | None = None,
+) -> Figure:
+    """Annotated heatmap of one value per (index, column) cell on a sequential colour scale, e.g.
+    occupancy by kernel x architecture; empty cells show a dash."""
+    grid = df.pivot_table(index=index, columns=columns, values=values, aggfunc="first")
+    if column_order is not None:
+        grid = grid[[c for c in column_order if c in grid.columns]]
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN * 0.8, max(2.2, 0.34 * len(grid) + 1.3)))
+    annot = grid.map(lambda v: "–" if pd.isna(v) else fmt.format(v))
+    sns.heatmap(grid.astype(float), ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annot, fmt="", cbar=True,
+                linewidths=0.5, linecolor="white", annot_kws={"fontsize": 8}, cbar_kws={"label": label})
+    ax.grid(False)  # empty cells stay blank instead of showing the style's grid
+    ax.set_xlabel(columns)
+    ax.set_ylabel(index)
+    ax.tick_params(axis="y", rotation=0)
+    ax.set_title(label, loc="left", fontsize=10)
+    fig.tight_layout()
+    return embed(fig, alt, caption, df)

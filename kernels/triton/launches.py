@@ -1,0 +1,103 @@
+"""Every kernel launch the benchmark can make, as (kernel, signature, constexprs, num_warps), per target.
+
+``gpulab.kernel_compile`` compiles these ahead of time for architectures that are not present. They are
+derived from the same functions the launchers call (``elementwise_shapes``, ``softmax.launch_choice``), so
+the table describes what runs. The signature models a typical launch: tensors 16-byte aligned, sizes and
+row strides multiples of 16 (Triton specialises on both), and on AMD tensors under 2 GiB (buffer
+loads) unless 64-bit offsets are needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .add import add_kernel
+from .config import Target, elementwise_shapes, needs_64bit_offsets, softmax_config
+from .gelu import gelu_kernel
+from .softmax import launch_choice, softmax_kernel, softmax_looped_kernel
+
+DTYPES = {"fp32": ("fp32", 4), "fp16": ("fp16", 2), "bf16": ("bf16", 2)}
+# Softmax row widths covered: every power of two the fused kernel takes (16 .. max_fused_cols), then one
+# wider row for the looped kernel. Narrower rows are padded to 16 columns' worth of layout anyway.
+SOFTMAX_MIN_COLS = 16
+SOFTMAX_ROWS = 1 << 16  # enough rows that rows_per_program is never capped by the tensor's height
+
+
+@dataclass(frozen=True)
+class Launch:
+    op: str  # the benchmark's op: gelu | softmax | add
+    kernel: Any  # the @triton.jit function
+    variant: str  # its launch parameters, e.g. "BLOCK_SIZE=2048 num_warps=16 OFFSETS_64=0"
+    dtype: str
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int
+
+    def attrs(self, backend: str) -> dict[tuple[int, ...], list[list[Any]]]:
+        """Triton's specialisation attributes for the typical launch (see the module docstring)."""
+        names = list(self.signature)
+        small = not self.constexprs.get("OFFSETS_64", False)
+        attrs = {}
+        for i, name in enumerate(names):
+            kind = self.signature[name]
+            if kind == "constexpr":
+                continue
+            attr = [["tt.divisibility", 16]]
+            if kind.startswith("*") and backend == "hip" and small:
+                attr.append(["tt.pointer_range", 32])
+            attrs[(i,)] = attr
+        return attrs
+
+
+def _elementwise(op: str, kernel: Any, dtype: str, target: Target, offsets: tuple[bool, ...]) -> list[Launch]:
+    ty = DTYPES[dtype][0]
+    pointers = ("x_ptr", "y_ptr", "output_ptr") if op == "add" else ("x_ptr", "y_ptr")
+    launches = []
+    for block, warps in elementwise_shapes(target):
+        for wide in offsets:
+            signature = {p: f"*{ty}" for p in pointers} | {"n_elements": "i64" if wide else "i32"}
+            signature |= {"OFFSETS_64": "constexpr", "BLOCK_SIZE": "constexpr"}
+            launches.append(Launch(
+                op=op, kernel=kernel, variant=f"BLOCK_SIZE={block} num_warps={warps} OFFSETS_64={int(wide)}",
+                dtype=dtype, signature=signature, constexprs={"OFFSETS_64": wide, "BLOCK_SIZE": block},
+                num_warps=warps))
+    return launches
+
+
+def _softmax(dtype: str, target: Target) -> list[Launch]:
+    ty, itemsize = DTYPES[dtype]
+    config = softmax_config(target)
+    widths = [SOFTMAX_MIN_COLS << k for k in range((config.max_fused_cols // SOFTMAX_MIN_COLS).bit_length())]
+    widths.append(config.max_fused_cols * 2)
+    launches = {}
+    for width in widths:
+        choice = launch_choice(SOFTMAX_ROWS, width, itemsize, target)
+        if choice.looped:
+            kernel, ints = softmax_looped_kernel, ("n_cols", "x_row_stride", "y_row_stride")
+            constexprs = {"BLOCK_N": choice.block_n}
+        else:
+            kernel, ints = softmax_kernel, ("n_rows", "n_cols", "x_row_stride", "y_row_stride")
+            constexprs = {"BLOCK_M": choice.block_m, "BLOCK_N": choice.block_n}
+        signature = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}"} | dict.fromkeys(ints, "i32")
+        signature |= dict.fromkeys(constexprs, "constexpr")
+        variant = " ".join(f"{k}={v}" for k, v in constexprs.items()) + f" num_warps={choice.num_warps}"
+        launches[variant] = Launch(
+            op="softmax", kernel=kernel, variant=variant, dtype=dtype, signature=signature, constexprs=constexprs,
+            num_warps=choice.num_warps)
+    return list(launches.values())
+
+
+def launches(target: Target, dtypes: tuple[str, ...], vector_elements: tuple[int, ...]) -> list[Launch]:
+    """Every launch of gelu, softmax and add for ``target``'s family, per dtype, for elementwise tensors of
+    the given sizes (they decide whether the 64-bit-offset variant is launched)."""
+    unknown = sorted(set(dtypes) - set(DTYPES))
+    if unknown:
+        raise ValueError(f"unknown dtype(s) {unknown}; Triton kernels are compiled for {sorted(DTYPES)}")
+    offsets = tuple(sorted({needs_64bit_offsets(n) for n in vector_elements}))
+    out = []
+    for dtype in dtypes:
+        out += _elementwise("gelu", gelu_kernel.fn, dtype, target, offsets)
+        out += _softmax(dtype, target)
+        out += _elementwise("add", add_kernel.fn, dtype, target, offsets)
+    return out

@@ -1,0 +1,107 @@
+"""One architecture's job of rule kernels_compile: every Triton launch and every HIP source, one table."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gpulab.kernel_compile import KERNEL_RESOURCES
+from gpulab.kernel_compile.archs import Arch, arch, occupancy
+from gpulab.paths import REPO_ROOT
+
+
+def default_cache_dir() -> Path:
+    from gpulab.extension import default_cache_root
+
+    return default_cache_root() / "kernel_compile"
+
+
+def vector_elements(sizes: Any) -> tuple[int, ...]:
+    """Element counts the benchmark launches gelu/add at on a GPU: its auto sizes, plus configured ones."""
+    from gpulab.bench.ops import op_spec, parse_shape
+    from gpulab.bench.sizes import GPU_VECTOR
+
+    counts = set(GPU_VECTOR)
+    if isinstance(sizes, dict):
+        for op in ("gelu", "add"):
+            counts |= {op_spec(op).numel(parse_shape(op, value)) for value in sizes.get(op, [])}
+    return tuple(sorted(counts))
+
+
+def triton_rows(a: Arch, dtypes: tuple[str, ...], sizes: Any, cache_dir: Path) -> list[dict[str, Any]]:
+    if importlib.util.find_spec("triton") is None:
+        return [{"status": "skipped", "reason": "Triton is not installed", "compiler": "triton"}]
+    from gpulab.kernel_compile.triton_aot import (
+        cached_path,
+        compile_cached,
+        compile_launch,
+        compiler_name,
+        private_triton_cache,
+    )
+    from gpulab.kernels.triton.launches import launches
+
+    todo = launches(a.target, dtypes, vector_elements(sizes))
+    compiler = compiler_name(a)
+    rows = []
+    with private_triton_cache():
+        if not all(cached_path(launch, a, cache_dir).is_file() for launch in todo):
+            compile_launch(todo[0], a)  # the first compile of a process loads the backend: not timed
+        for launch in todo:
+            outcome = compile_cached(launch, a, cache_dir)
+            rows.append({
+                "compiler": compiler,
+                "source": str(Path(launch.kernel.fn.__code__.co_filename).resolve().relative_to(REPO_ROOT)),
+                "op": launch.op, "kernel": launch.kernel.__name__, "variant": launch.variant,
+                "dtype": launch.dtype, "num_warps": launch.num_warps, **outcome,
+            })
+    return rows
+
+
+def hip_rows(a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
+    from gpulab.kernel_compile.hipcc import compile_source, hip_sources
+
+    rows = []
+    for source in hip_sources():
+        for row in compile_source(source, a, cache_dir):
+            threads = row.pop("threads", None)
+            if threads:
+                row["num_warps"] = -(-threads // a.warp_size)
+            rows.append(row)
+    return rows
+
+
+def with_arch_figures(row: dict[str, Any], a: Arch) -> dict[str, Any]:
+    """Add the arch's columns and, for a compiled kernel, its occupancy."""
+    row = {"arch": a.name, "family": a.family, "backend": a.backend, "warp_size": a.warp_size, "unit": a.unit,
+           "max_warps_per_unit": a.max_warps_per_unit, **row}
+    if row["status"] == "ok" and row.get("num_warps"):
+        row["threads"] = row["num_warps"] * a.warp_size
+        warps, limiter = occupancy(a, row["registers"], row["num_warps"], row["lds_bytes"], row.get("sgprs") or 0)
+        row.update(warps_per_unit=warps, occupancy=warps / a.max_warps_per_unit, occupancy_limiter=limiter)
+    return row
+
+
+def compile_arch(
+    name: str,
+    dtypes: tuple[str, ...],
+    *,
+    target: str,
+    fingerprint: str,
+    sizes: Any = "auto",
+    cache_dir: Path | None = None,
+) -> pd.DataFrame:
+    """The table of one architecture: every Triton launch (for the benchmark's ``bench.sizes``), and on AMD
+    every HIP source."""
+    a = arch(name)
+    cache_dir = cache_dir or default_cache_dir()
+    start = time.perf_counter()
+    rows = triton_rows(a, tuple(dtypes), sizes, cache_dir)
+    if a.backend == "hip":
+        rows += hip_rows(a, cache_dir)
+    rows = [{"target": target, "fingerprint": fingerprint, **with_arch_figures(r, a)} for r in rows]
+    print(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f} s")
+    return KERNEL_RESOURCES.frame(rows)

@@ -1,0 +1,61 @@
+import glob
+import os
+
+from gpulab.kernel_compile.archs import ARCHS
+from gpulab.kernel_compile.hipcc import HIP_SOURCES
+
+# Every source a compile depends on is an input: editing a kernel reruns the architectures' jobs (and
+# the cache of compiled outcomes, keyed by source, recompiles just what changed).
+KERNEL_COMPILE_SOURCES = sorted(
+    glob.glob(os.path.join(workflow.basedir, "kernels", "triton", "*.py"))
+    + [os.path.join(workflow.basedir, s) for s in HIP_SOURCES]
+    + glob.glob(os.path.join(workflow.basedir, "kernels", "hip", "*.h"))
+)
+
+
+wildcard_constraints:
+    arch="|".join(ARCHS),
+
+
+rule kernels_compile:
+    input:
+        src=KERNEL_COMPILE_SOURCES,
+        env=result("env/env.json"),
+    output:
+        result("build/kernels/{arch}.csv"),
+    log:
+        log_of("kernels_compile_{arch}"),
+    conda:
+        CONDA_ENV
+    params:
+        dtypes=config["bench"]["dtypes"],
+        sizes=config["bench"]["sizes"],
+        strict=config["strict"],
+    script:
+        "../scripts/kernels_compile.py"
+
+
+rule kernels_aggregate:
+    input:
+        expand(result("build/kernels/{arch}.csv"), arch=ARCHS, allow_missing=True),
+    output:
+        report(
+            result("build/kernel_resources.csv"),
+            caption="../report/kernels.rst",
+            category="Build",
+        ),
+    log:
+        log_of("kernels_aggregate"),
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/kernels_aggregate.py"
+
+
+localrules:
+    kernels_aggregate,
+
+
+register_outputs(
+    "kernels", expand(result("build/kernel_resources.csv"), target=TARGETS)
+)
