@@ -6,8 +6,11 @@ HIP_SOURCES = [
     os.path.join(KERNELS, "hip", f) for f in ("vector_add.hip", "hip_compat.h")
 ]
 EXTENSION_SOURCES = [
-    os.path.join(KERNELS, "ext", f) for f in ("ops.cpp", "ops_cuda.cu", "ops_common.h")
+    os.path.join(KERNELS, "ext", f)
+    for f in ("ops.cpp", "ops_cuda.cu", "ops_common.h", "ops_kernels.cuh")
 ]
+# The built extension travels through the DAG as this manifest (library path, digest, arch, outcome).
+EXTENSION_MANIFEST = result("build/extension_manifest.json")
 
 
 rule hip_standalone:
@@ -50,6 +53,7 @@ rule extension_build:
         ),
         checks=result("build/extension_checks.csv"),
         build_log=result("build/extension_build.log"),
+        manifest=EXTENSION_MANIFEST,
     log:
         log_of("extension_build"),
     conda:
@@ -66,7 +70,7 @@ rule extension_build:
 
 rule timing_pitfalls:
     input:
-        extension=result("build/extension.csv"),
+        manifest=EXTENSION_MANIFEST,
         env=result("env/env.json"),
     output:
         result("build/timing_pitfalls.csv"),
