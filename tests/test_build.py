@@ -303,6 +303,7 @@ def extension_here(ext_cache: Path) -> tuple[ext_compile.ExtensionLoad, Path, Pa
 def test_cpu_extension_builds_cold_then_loads_warm_in_a_fresh_process(cpu_extension) -> None:
     load, root, manifest = cpu_extension
     assert load.backend == "cpu" and load.arch == "cpu" and load.build_s > 0
+    assert load.reason == ""  # no private libstdc++ copy with Debian's compiler
     build_dir = Path(load.build_dir)
     assert build_dir.parent == root / "extensions" / "ci"
     assert json.loads((build_dir / "build.json").read_text())["name"] == load.name
@@ -385,6 +386,57 @@ def test_bad_input_crash_is_recorded_as_failed_with_the_signal(extension_here, t
                                        cases=ext_checks.BAD_CASES[:2])
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert all("killed by signal 11 (SIGSEGV)" in r["reason"] for r in rows), rows
+
+
+@pytest.mark.slow
+def test_bad_input_messages_survive_a_private_libstdcxx_copy(ext_cache: Path) -> None:
+    """The H100 failure on a CPU: the H100 machine's host compiler links libstdc++ into the extension, and
+    formatting a number through a C++ stream there crashed every bad-input message naming a shape. Linked
+    the same way here (-static-libstdc++), the build is flagged and every message still names the numbers."""
+    manifest = ext_cache / "manifest_static_libstdcxx.json"
+    script = f"""
+from pathlib import Path
+from gpulab.build import build, write_manifest
+from gpulab.device import DeviceInfo
+cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
+load = build("ci", device=cpu, cache_root=Path(r"{ext_cache}"), extra_ldflags=["-static-libstdc++"])
+write_manifest(load, Path(r"{manifest}"))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = read_manifest(manifest)
+    if built.status == "skipped":
+        pytest.skip(built.reason)
+    assert built.status == "ok" and "private copy of libstdc++" in built.reason, built.reason
+    rows = ext_checks.check_bad_inputs("ci", "fp", manifest, device=CPU_TORCH)
+    bad = [r for r in rows if r["status"] not in ("ok", "skipped")]
+    assert not bad, "\n".join(f"{r['case']}: {r['reason']} | {r.get('message')}" for r in bad)
+
+
+def test_private_libstdcxx_copy_is_detected_and_breaks_number_formatting(tmp_path: Path) -> None:
+    """Why the note exists: a library with its own libstdc++ cannot format a long through a stream."""
+    import ctypes
+
+    import torch  # noqa: F401  (the process's own libstdc++ is loaded first, as in a workflow step)
+
+    source = tmp_path / "fmt.cpp"
+    source.write_text('#include <sstream>\n#include <cstring>\nextern "C" void fmt(long v, char* out, int n) '
+                      '{ std::ostringstream s; s << "[" << v << "]"; std::strncpy(out, s.str().c_str(), n); }\n')
+    built = {}
+    for name, flags in (("static", ["-static-libstdc++"]), ("shared", [])):
+        lib = tmp_path / f"fmt_{name}.so"
+        proc = subprocess.run(["c++", "-O2", "-fPIC", "-shared", *flags, str(source), "-o", str(lib)],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot link with {flags}: {proc.stderr[-300:]}")
+        built[name] = lib
+    assert ext_compile.private_libstdcxx_note(built["static"]).startswith("note: the host compiler linked")
+    assert ext_compile.private_libstdcxx_note(built["shared"]) == ""
+    buf = ctypes.create_string_buffer(32)
+    ctypes.CDLL(str(built["shared"])).fmt(ctypes.c_long(42), buf, 32)
+    assert buf.value == b"[42]"
+    ctypes.CDLL(str(built["static"])).fmt(ctypes.c_long(42), buf, 32)
+    assert buf.value != b"[42]"  # '[' only: the number is lost (the H100's libstdc++ pair crashes instead)
 
 
 def test_bad_input_judge_rejects_vague_messages() -> None:

@@ -3,10 +3,9 @@
 // device launchers of ops_cuda.cu.
 //
 // Every check and every message that formats a tensor's shape, strides, dtype or device is here, in
-// the unit the host compiler builds, before anything is dispatched to device code. (They used to be
-// inline functions of a header that nvcc compiled too; on the H100 each failing check whose message
-// formats sizes or strides killed the process with SIGSEGV instead of raising: see the extension notes
-// in the README.) The device launchers get raw pointers and sizes and return an error code.
+// the unit the host compiler builds, before anything is dispatched to device code; the device
+// launchers get raw pointers and sizes and return an error code. Messages never format numbers through
+// a C++ stream (see dims() below for why).
 //
 // Contract: float32, float16 or bfloat16 inputs, contiguous, on one device; vector_add's operands of
 // one shape and dtype (no broadcasting); softmax_rows's input 2-D. Strided views are refused, not copied:
@@ -25,7 +24,6 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
-#include <sstream>
 #include <string>
 
 #include "ops_common.h"
@@ -40,32 +38,45 @@
 namespace gpulab {
 namespace {
 
+// Messages are assembled from strings only: numbers go through std::to_string, never through an
+// std::ostream (TORCH_CHECK's c10::str). On the H100 machine the host compiler (a wrapper around GCC 13,
+// $CXX=/opt/gcc/bin/g++) links a private copy of libstdc++ into the extension; a stream that formats an
+// integer there mixes the two copies' locale facets and dies with SIGSEGV (backtrace:
+// c10::operator<<(ArrayRef<long>) -> std::ostream::_M_insert<long> -> codecvt::do_unshift, all resolved
+// inside the extension). Writing strings into a stream, and std::to_string, do not touch the facets.
+std::string dims(c10::IntArrayRef values) {
+    std::string out = "[";
+    for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+    return out + "]";
+}
+
 // "shape [4, 3], strides [1, 4], dtype Float, device cuda:0": what a message needs to name the problem.
 std::string describe(const at::Tensor& t) {
-    std::ostringstream s;
-    s << "shape " << t.sizes() << ", strides " << t.strides() << ", dtype " << t.scalar_type() << ", device "
-      << t.device();
-    return s.str();
+    return "shape " + dims(t.sizes()) + ", strides " + dims(t.strides()) + ", dtype " +
+           c10::toString(t.scalar_type()) + ", device " + t.device().str();
 }
 
 void check_float_tensor(const at::Tensor& t, const char* op, const char* arg) {
     const auto dtype = t.scalar_type();
-    TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, "gpulab::", op, ": ", arg,
-                " has dtype ", dtype, "; expected float32, float16 or bfloat16 (", arg, ": ", describe(t), ")");
-    TORCH_CHECK(t.is_contiguous(), "gpulab::", op, ": ", arg, " must be contiguous, got strides ", t.strides(),
-                " for shape ", t.sizes(), " (", arg, ": ", describe(t), "); strided views are not copied "
-                "implicitly: pass ", arg, ".contiguous()");
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                std::string("gpulab::") + op + ": " + arg + " has dtype " + c10::toString(dtype) +
+                    "; expected float32, float16 or bfloat16 (" + arg + ": " + describe(t) + ")");
+    TORCH_CHECK(t.is_contiguous(),
+                std::string("gpulab::") + op + ": " + arg + " must be contiguous, got strides " + dims(t.strides()) +
+                    " for shape " + dims(t.sizes()) + " (" + arg + ": " + describe(t) +
+                    "); strided views are not copied implicitly: pass " + arg + ".contiguous()");
 }
 
 void check_vector_add(const at::Tensor& a, const at::Tensor& b) {
-    TORCH_CHECK(a.device() == b.device(), "gpulab::vector_add: a is on ", a.device(), " but b is on ", b.device(),
-                "; both must be on one device (a: ", describe(a), "; b: ", describe(b), ")");
-    TORCH_CHECK(a.scalar_type() == b.scalar_type(), "gpulab::vector_add: a has dtype ", a.scalar_type(),
-                " but b has dtype ", b.scalar_type(), "; both must have the same dtype (a: ", describe(a),
-                "; b: ", describe(b), ")");
-    TORCH_CHECK(a.sizes() == b.sizes(), "gpulab::vector_add: a has shape ", a.sizes(), " but b has shape ",
-                b.sizes(), "; the shapes must be equal, there is no broadcasting (a: ", describe(a), "; b: ",
-                describe(b), ")");
+    const std::string both = " (a: " + describe(a) + "; b: " + describe(b) + ")";
+    TORCH_CHECK(a.device() == b.device(), "gpulab::vector_add: a is on " + a.device().str() + " but b is on " +
+                                              b.device().str() + "; both must be on one device" + both);
+    TORCH_CHECK(a.scalar_type() == b.scalar_type(),
+                std::string("gpulab::vector_add: a has dtype ") + c10::toString(a.scalar_type()) + " but b has dtype " +
+                    c10::toString(b.scalar_type()) + "; both must have the same dtype" + both);
+    TORCH_CHECK(a.sizes() == b.sizes(), "gpulab::vector_add: a has shape " + dims(a.sizes()) + " but b has shape " +
+                                            dims(b.sizes()) + "; the shapes must be equal, there is no broadcasting" +
+                                            both);
     check_float_tensor(a, "vector_add", "a");
     check_float_tensor(b, "vector_add", "b");
 }
@@ -73,8 +84,9 @@ void check_vector_add(const at::Tensor& a, const at::Tensor& b) {
 void check_gelu_tanh(const at::Tensor& x) { check_float_tensor(x, "gelu_tanh", "x"); }
 
 void check_softmax_rows(const at::Tensor& x) {
-    TORCH_CHECK(x.dim() == 2, "gpulab::softmax_rows: x must be 2-D (rows, cols), got ", x.dim(), "-D shape ",
-                x.sizes(), " (x: ", describe(x), "); reshape to (-1, cols) first");
+    TORCH_CHECK(x.dim() == 2, "gpulab::softmax_rows: x must be 2-D (rows, cols), got " + std::to_string(x.dim()) +
+                                  "-D shape " + dims(x.sizes()) + " (x: " + describe(x) +
+                                  "); reshape to (-1, cols) first");
     check_float_tensor(x, "softmax_rows", "x");
 }
 
@@ -158,8 +170,8 @@ void* current_stream(const at::Tensor& t) {
 }
 
 void check_launch(int code, const char* op, const at::Tensor& t) {
-    TORCH_CHECK(code == 0, "gpulab::", op, ": the GPU launch failed: ", device_error_string(code), " (",
-                describe(t), ")");
+    TORCH_CHECK(code == 0, std::string("gpulab::") + op + ": the GPU launch failed: " + device_error_string(code) +
+                                 " (" + describe(t) + ")");
 }
 
 at::Tensor vector_add_gpu(const at::Tensor& a, const at::Tensor& b) {
@@ -186,15 +198,15 @@ at::Tensor gelu_tanh_gpu(const at::Tensor& x) {
 
 at::Tensor softmax_rows_gpu(const at::Tensor& x) {
     check_softmax_rows(x);
-    TORCH_CHECK(x.size(0) <= INT32_MAX, "gpulab::softmax_rows: at most 2^31-1 rows on the GPU, got shape ",
-                x.sizes());
+    TORCH_CHECK(x.size(0) <= INT32_MAX, "gpulab::softmax_rows: at most 2^31-1 rows on the GPU, got shape " +
+                                            dims(x.sizes()));
     const c10::DeviceGuard guard(x.device());
     at::Tensor out = at::empty_like(x);
     if (x.numel() == 0) return out;
     int warp = 0;
     check_launch(device_warp_size(x.get_device(), &warp), "softmax_rows", x);
-    TORCH_CHECK(softmax_supports_warp(warp), "gpulab::softmax_rows: no kernels for warp width ", warp, " of ",
-                x.device());
+    TORCH_CHECK(softmax_supports_warp(warp), "gpulab::softmax_rows: no kernels for warp width " +
+                                                 std::to_string(warp) + " of " + x.device().str());
     check_launch(launch_softmax_rows(device_dtype(x), x.const_data_ptr(), out.mutable_data_ptr(), x.size(0),
                                      x.size(1), warp, current_stream(x)),
                  "softmax_rows", x);

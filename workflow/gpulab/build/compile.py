@@ -22,6 +22,7 @@ from typing import Any
 
 from gpulab.build.plan import SOURCE_DIR, BuildSpec, plan_build
 from gpulab.device import DeviceInfo
+from gpulab.env_capture import run_tool
 from gpulab.tables import write_atomic
 
 MARKER_FILE = "build.json"
@@ -205,13 +206,14 @@ def build(
     device: DeviceInfo | None = None,
     cache_root: Path | None = None,
     source_dir: Path = SOURCE_DIR,
+    extra_ldflags: Sequence[str] = (),
 ) -> ExtensionLoad:
     """Build the operators for this machine's backend (or find the finished build), and load them.
 
     Never raises for a failed compile or a missing toolchain: see ``status`` / ``reason``.
     """
     call_start = time.perf_counter()
-    spec, why = plan_build(device, pinned_archs, extra_cflags, source_dir)
+    spec, why = plan_build(device, pinned_archs, extra_cflags, source_dir, extra_ldflags=extra_ldflags)
     if spec is None:
         return ExtensionLoad("skipped", why, target)
     build_dir = spec.build_dir(target, cache_root)
@@ -220,7 +222,7 @@ def build(
     if marker.is_file() and Path(base.library).is_file():
         recorded = json.loads(marker.read_text(encoding="utf-8"))
         found = replace(base, cached=True, build_s=float(recorded.get("build_s", float("nan"))),
-                        built_at=recorded.get("built_at", ""))
+                        built_at=recorded.get("built_at", ""), reason=recorded.get("note", ""))
         result = load_library(found)
         return replace(result, seconds=time.perf_counter() - call_start) if result.status == "ok" else result
     compiled = _compile(spec, base, build_dir)
@@ -256,7 +258,8 @@ def _compile(spec: BuildSpec, base: ExtensionLoad, build_dir: Path) -> Extension
         with _environment(dict(spec.arch_env)), _output_to(log_path):
             cpp_extension.load(
                 name=spec.name, sources=[str(src / n) for n in spec.sources], extra_cflags=list(spec.extra_cflags),
-                extra_cuda_cflags=list(spec.extra_cuda_cflags), build_directory=str(build_dir),
+                extra_cuda_cflags=list(spec.extra_cuda_cflags), extra_ldflags=list(spec.extra_ldflags),
+                build_directory=str(build_dir),
                 with_cuda=spec.backend != "cpu", is_python_module=False, verbose=True)
     except Exception as exc:  # a compile error is a recorded outcome carrying the compiler's message
         errors = compiler_errors(log_path.read_text(encoding="utf-8", errors="replace") + "\n" + str(exc))
@@ -265,9 +268,25 @@ def _compile(spec: BuildSpec, base: ExtensionLoad, build_dir: Path) -> Extension
                        seconds=time.perf_counter() - start, compiler_output=errors)
     seconds = time.perf_counter() - start
     built_at = started.isoformat(timespec="seconds")
+    note = private_libstdcxx_note(Path(base.library))
     write_atomic(build_dir / MARKER_FILE, json.dumps(
         {"name": spec.name, "build_s": seconds, "built_at": built_at, "backend": spec.backend,
          "archs": list(spec.archs), "compiler": spec.compiler, "flags": spec.flags,
-         "torch": spec.torch_version}, indent=2) + "\n")
+         "torch": spec.torch_version, "note": note}, indent=2) + "\n")
     # cpp_extension.load has loaded the library already; load_library records it (a no-op reload).
-    return replace(base, cached=False, seconds=seconds, build_s=seconds, built_at=built_at)
+    return replace(base, cached=False, seconds=seconds, build_s=seconds, built_at=built_at, reason=note)
+
+
+# std::ostream::_M_insert<long>: compiled into libstdc++.so, so a library that defines it carries its own copy.
+LIBSTDCXX_PROBE = "_ZNSo9_M_insertIlEERSoT_"
+
+
+def private_libstdcxx_note(library: Path) -> str:
+    """A note when the host compiler linked libstdc++ into the library (the H100 machine's $CXX wrapper
+    does): C++ streams in it then mix two libstdc++ copies, and formatting a number there crashes (H100)
+    or prints nothing (Debian). '' when the library uses the process's libstdc++, or nm is missing."""
+    result = run_tool("nm", ["nm", "--defined-only", str(library)], timeout_s=120)
+    if result.status != "ok" or LIBSTDCXX_PROBE not in result.stdout:
+        return ""
+    return ("note: the host compiler linked a private copy of libstdc++ into the library (it defines "
+            "std::ostream::_M_insert<long>); the operators format no numbers through C++ streams because of it")

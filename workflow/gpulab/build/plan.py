@@ -50,6 +50,7 @@ class BuildSpec:
     headers: tuple[str, ...]
     extra_cflags: tuple[str, ...]
     extra_cuda_cflags: tuple[str, ...]
+    extra_ldflags: tuple[str, ...]
     arch_env: tuple[tuple[str, str], ...]  # (TORCH_CUDA_ARCH_LIST | PYTORCH_ROCM_ARCH, value)
     host_compiler: str
     host_compiler_version: str
@@ -84,7 +85,9 @@ class BuildSpec:
         env = " ".join(f"{k}={v}" for k, v in self.arch_env)
         cflags = " ".join(self.extra_cflags)
         cuda = " ".join(self.extra_cuda_cflags) if self.backend != "cpu" else ""
-        return " ".join(p for p in (env, f"cflags: {cflags}", f"device cflags: {cuda}" if cuda else "") if p)
+        ld = " ".join(self.extra_ldflags)
+        parts = (env, f"cflags: {cflags}", f"device cflags: {cuda}" if cuda else "", f"ldflags: {ld}" if ld else "")
+        return " ".join(p for p in parts if p)
 
     def build_dir(self, target: str, cache_root: Path | None = None) -> Path:
         """``.cache/extensions/<target>/<name>``: one directory per distinct (sources, flags, toolchain)."""
@@ -159,6 +162,7 @@ def plan_build(
     extra_cflags: Sequence[str] | None = None,
     source_dir: Path = SOURCE_DIR,
     environ: Mapping[str, str] | None = None,
+    extra_ldflags: Sequence[str] = (),
 ) -> tuple[BuildSpec | None, str]:
     """What to build on this machine, or (None, why nothing can be built)."""
     import torch
@@ -188,6 +192,7 @@ def plan_build(
         backend=backend, archs=tuple(archs), source_dir=source_dir,
         sources=CPU_SOURCES + (GPU_SOURCES if gpu else ()), headers=HEADERS,
         extra_cflags=flags + ((GPU_HOST_DEFINE,) if gpu else ()), extra_cuda_cflags=flags if gpu else (),
+        extra_ldflags=tuple(extra_ldflags),
         arch_env=tuple(sorted(arch_environment(backend, archs).items())),
         host_compiler=host_path, host_compiler_version=compiler_version(host_path),
         device_compiler=device_path, device_compiler_version=device_version, torch_version=torch.__version__,
