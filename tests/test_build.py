@@ -541,6 +541,8 @@ def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", section))
     assert "234 of 234 cases within tolerance" in text  # H100
     assert "192 of 192 cases within tolerance" in text  # CPU
+    assert "17 of 17 bad-input cases refused with a clear message" in text and "1 skipped" in text  # CPU
+    assert "must be contiguous, got strides [1, 48]" in text
     assert "an apparent 8.4× speed-up" in text and "the native add is 1.2% faster" in text
     assert "Run skipped: no AMD GPU" in text and "hipErrorNoDevice" in text
     assert "22.1" in text and "sm_90" in text and "gfx90a" in text

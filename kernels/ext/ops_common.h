@@ -2,9 +2,9 @@
 // hipcc; ops_kernels_hip.hip) share: the GeLU constants and the launcher interface.
 //
 // No ATen or c10 here, on purpose. The argument checks (and every message that formats a shape, a
-// stride, a dtype or a device) live in ops.cpp only, so they are compiled once, by the compiler PyTorch
-// was built with; the device side receives raw pointers and sizes that are already known to be valid,
-// and reports a failure as the runtime's error code, which ops.cpp turns into an exception.
+// stride, a dtype or a device) live in ops.cpp only, compiled once by the host compiler; the device
+// side receives raw pointers and sizes that are already known to be valid, and reports a failure as
+// the runtime's error code, which ops.cpp turns into an exception.
 #pragma once
 
 #include <cstdint>
