@@ -18,8 +18,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from gpulab import extension as ext
-from gpulab.device import DeviceInfo
+from gpulab.build import checks as ext_checks
+from gpulab.build import compile as ext_compile
+from gpulab.build import plan as ext_plan
+from gpulab.build import step as ext_step
+from gpulab.build.manifest import load_from_manifest, read_manifest, write_manifest
+from gpulab.device import DeviceInfo, detect
 from gpulab.hip_standalone import (
     HIP_STANDALONE,
     SOURCE,
@@ -122,24 +126,24 @@ def test_no_compiler_is_a_recorded_skip(tmp_path: Path) -> None:
 
 
 def test_extension_arch_environment() -> None:
-    assert ext.arch_environment("cuda", ["sm_90"]) == {"TORCH_CUDA_ARCH_LIST": "9.0"}
-    assert ext.arch_environment("cuda", ["sm_90a", "sm_120"]) == {"TORCH_CUDA_ARCH_LIST": "9.0a;12.0"}
-    assert ext.arch_environment("rocm", ["gfx90a"]) == {"PYTORCH_ROCM_ARCH": "gfx90a"}
-    assert ext.arch_environment("cpu", []) == {}
+    assert ext_plan.arch_environment("cuda", ["sm_90"]) == {"TORCH_CUDA_ARCH_LIST": "9.0"}
+    assert ext_plan.arch_environment("cuda", ["sm_90a", "sm_120"]) == {"TORCH_CUDA_ARCH_LIST": "9.0a;12.0"}
+    assert ext_plan.arch_environment("rocm", ["gfx90a"]) == {"PYTORCH_ROCM_ARCH": "gfx90a"}
+    assert ext_plan.arch_environment("cpu", []) == {}
     with pytest.raises(ValueError, match="TORCH_CUDA_ARCH_LIST"):
-        ext.arch_environment("cuda", ["gfx90a"])
+        ext_plan.arch_environment("cuda", ["gfx90a"])
 
 
 def test_extension_builds_only_the_detected_cuda_arch(monkeypatch: pytest.MonkeyPatch, fake_toolchain: Path) -> None:
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(fake_toolchain.parent))
-    spec, why = ext.plan_build(CUDA_GPU)
+    spec, why = ext_plan.plan_build(CUDA_GPU)
     assert spec is not None, why
     assert spec.backend == "cuda" and spec.archs == ("sm_90",)
     assert dict(spec.arch_env) == {"TORCH_CUDA_ARCH_LIST": "9.0"}
     assert "ops_cuda.cu" in spec.sources
-    pinned, _ = ext.plan_build(CUDA_GPU, pinned_archs=["gfx90a", "sm_80"])
+    pinned, _ = ext_plan.plan_build(CUDA_GPU, pinned_archs=["gfx90a", "sm_80"])
     assert pinned is not None and pinned.archs == ("sm_80",)
 
 
@@ -148,9 +152,9 @@ def test_extension_rocm_arch_honours_hsa_override(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(cpp_extension, "ROCM_HOME", str(fake_toolchain.parent))
     gpu = replace(ROCM_GPU, arch="gfx1151")
-    spec, _ = ext.plan_build(gpu, environ={**os.environ, "HSA_OVERRIDE_GFX_VERSION": "11.0.0"})
+    spec, _ = ext_plan.plan_build(gpu, environ={**os.environ, "HSA_OVERRIDE_GFX_VERSION": "11.0.0"})
     assert spec is not None and dict(spec.arch_env) == {"PYTORCH_ROCM_ARCH": "gfx1100"}
-    detected, _ = ext.plan_build(gpu, environ={k: v for k, v in os.environ.items()
+    detected, _ = ext_plan.plan_build(gpu, environ={k: v for k, v in os.environ.items()
                                                if k != "HSA_OVERRIDE_GFX_VERSION"})
     assert detected is not None and detected.archs == ("gfx1151",)
     assert detected.device_compiler_version == "HIP version: 0.0-test"
@@ -160,13 +164,13 @@ def test_extension_without_device_compiler_is_skipped(monkeypatch: pytest.Monkey
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(tmp_path))
-    spec, why = ext.plan_build(CUDA_GPU)
+    spec, why = ext_plan.plan_build(CUDA_GPU)
     assert spec is None and why.startswith("nvcc not found")
 
 
 def test_extension_without_host_compiler_is_skipped(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CXX", "gpulab-no-such-compiler")
-    load = ext.load_ops("t", device=CPU_TORCH, cache_root=tmp_path)
+    load = ext_compile.build("t", device=CPU_TORCH, cache_root=tmp_path)
     assert load.status == "skipped" and "no host C++ compiler" in load.reason
     assert not (tmp_path / "extensions").exists()
 
@@ -175,31 +179,32 @@ def test_extension_without_host_compiler_is_skipped(monkeypatch: pytest.MonkeyPa
 
 
 def copy_sources(dest: Path) -> Path:
-    shutil.copytree(ext.SOURCE_DIR, dest)
+    shutil.copytree(ext_plan.SOURCE_DIR, dest)
     return dest
 
 
 def test_build_dir_changes_exactly_with_sources_and_flags(tmp_path: Path) -> None:
     src = copy_sources(tmp_path / "src")
-    base, _ = ext.plan_build(CPU_TORCH, source_dir=src)
-    same, _ = ext.plan_build(CPU_TORCH, source_dir=copy_sources(tmp_path / "elsewhere"))
-    flags, _ = ext.plan_build(CPU_TORCH, extra_cflags=["-O2"], source_dir=src)
+    base, _ = ext_plan.plan_build(CPU_TORCH, source_dir=src)
+    same, _ = ext_plan.plan_build(CPU_TORCH, source_dir=copy_sources(tmp_path / "elsewhere"))
+    flags, _ = ext_plan.plan_build(CPU_TORCH, extra_cflags=["-O2"], source_dir=src)
     assert base is not None and same is not None and flags is not None
     root = tmp_path / "cache"
-    assert ext.extension_build_dir("t", base, root) == ext.extension_build_dir("t", same, root)
-    assert ext.extension_build_dir("t", base, root).parent == root / "extensions" / "t"
+    assert base.build_dir("t", root) == same.build_dir("t", root)
+    assert base.build_dir("t", root).parent == root / "extensions" / "t"
     assert base.name != flags.name
-    header = src / "ops_common.h"
-    header.write_text(header.read_text() + "\n// an edit\n")
-    edited, _ = ext.plan_build(CPU_TORCH, source_dir=src)
-    assert edited is not None and edited.name != base.name
+    for header in ("ops_common.h", "ops_kernels.cuh"):  # the device header counts on CPU builds too
+        (src / header).write_text((src / header).read_text() + "\n// an edit\n")
+        edited, _ = ext_plan.plan_build(CPU_TORCH, source_dir=src)
+        assert edited is not None and edited.name != base.name
+        base = edited
 
 
 def test_compiler_errors_keeps_the_compilers_lines() -> None:
     log = ("[1/2] c++ -c ops.cpp -o ops.o\nFAILED: ops.o\n"
            "ops.cpp:12:5: error: 'gpulab_broken' was not declared in this scope\n   12 |     gpulab_broken;\n"
            "      |     ^~~~~~~~~~~~~\nninja: build stopped: subcommand failed.\n")
-    text = ext.compiler_errors(log)
+    text = ext_compile.compiler_errors(log)
     assert "ops.cpp:12:5: error: 'gpulab_broken' was not declared" in text and "^~~~" in text
     assert "ninja: build stopped" not in text
 
@@ -268,32 +273,52 @@ def test_parse_output_of_the_h100_run() -> None:
 
 
 @pytest.fixture(scope="module")
-def cpu_extension(tmp_path_factory: pytest.TempPathFactory) -> tuple[ext.ExtensionLoad, Path]:
-    """One real cold build of the CPU extension into a private cache, shared by the tests below."""
-    root = tmp_path_factory.mktemp("ext_cache")
-    load = ext.load_ops("ci", cache_root=root, device=CPU_TORCH)
+def ext_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ext_cache")
+
+
+def _built(root: Path, device_info: DeviceInfo) -> tuple[ext_compile.ExtensionLoad, Path, Path]:
+    """A real build into the private cache (found there if built before), with its manifest."""
+    load = ext_compile.build("ci", cache_root=root, device=device_info)
     if load.status == "skipped":
         pytest.skip(f"extension cannot be built here: {load.reason}")
-    return load, root
+    assert load.status == "ok", load.reason + load.compiler_output
+    manifest = root / f"manifest_{load.name}.json"
+    write_manifest(load, manifest)
+    return load, root, manifest
+
+
+@pytest.fixture(scope="module")
+def cpu_extension(ext_cache: Path) -> tuple[ext_compile.ExtensionLoad, Path, Path]:
+    """One real cold build of the CPU extension into a private cache, shared by the tests below."""
+    return _built(ext_cache, CPU_TORCH)
+
+
+@pytest.fixture(scope="module")
+def extension_here(ext_cache: Path) -> tuple[ext_compile.ExtensionLoad, Path, Path]:
+    """The build for this machine's device (the CPU build in CI: the same library as cpu_extension)."""
+    return _built(ext_cache, detect())
 
 
 def test_cpu_extension_builds_cold_then_loads_warm_in_a_fresh_process(cpu_extension) -> None:
-    load, root = cpu_extension
-    assert load.status == "ok", load.reason + load.compiler_output
+    load, root, manifest = cpu_extension
     assert load.backend == "cpu" and load.arch == "cpu" and load.build_s > 0
+    assert load.reason == ""  # no private libstdc++ copy with Debian's compiler
     build_dir = Path(load.build_dir)
     assert build_dir.parent == root / "extensions" / "ci"
     assert json.loads((build_dir / "build.json").read_text())["name"] == load.name
     assert "ops.cpp" in (build_dir / "build.log").read_text()
-    warm = ext.warm_load_in_subprocess("ci", root)
+    recorded = read_manifest(manifest)
+    assert (recorded.library, recorded.digest, recorded.status) == (load.library, load.digest, "ok")
+    warm = ext_step.warm_load_in_subprocess(manifest)
     assert warm.status == "ok", warm.reason
     assert warm.cached and warm.name == load.name and warm.build_s == pytest.approx(load.build_s)
     assert warm.seconds < load.build_s
 
 
 def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
-    rows = ext.check_ops("ci", "fp", device=CPU_TORCH)
-    table = ext.EXTENSION_CHECKS.frame(rows)
+    rows = ext_checks.check_ops("ci", "fp", device=CPU_TORCH)
+    table = ext_checks.EXTENSION_CHECKS.frame(rows)
     bad = table[table["status"] != "ok"]
     assert bad.empty, bad[["op", "dtype", "shape", "layout", "reason"]].to_string()
     assert set(table["op"]) == {"vector_add", "gelu_tanh", "softmax_rows"}
@@ -302,14 +327,14 @@ def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
 
 
 def test_correctness_check_catches_a_wrong_operator(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = ext._reference
+    real = ext_checks._reference
 
     def reference_off_by_a_thousandth(op, inputs):
         ref = real(op, inputs)
         return ref * (1 + 1e-3) if op == "gelu_tanh" else ref
 
-    monkeypatch.setattr(ext, "_reference", reference_off_by_a_thousandth)
-    rows = ext.check_ops("ci", "fp", device=CPU_TORCH, dtypes=("fp32",))
+    monkeypatch.setattr(ext_checks, "_reference", reference_off_by_a_thousandth)
+    rows = ext_checks.check_ops("ci", "fp", device=CPU_TORCH, dtypes=("fp32",))
     gelu = [r for r in rows if r["op"] == "gelu_tanh"]
     assert gelu and all(r["status"] == "incorrect" for r in gelu), [r["shape"] for r in gelu if r["status"] == "ok"]
     assert all(r["status"] == "ok" for r in rows if r["op"] != "gelu_tanh")
@@ -328,27 +353,136 @@ def test_cpu_extension_ops_work_under_torch_compile(cpu_extension) -> None:
     torch.testing.assert_close(f(x, y), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_cpu_extension_rejects_bad_input_with_a_clear_message(cpu_extension) -> None:
-    import torch
+@pytest.fixture(scope="module")
+def bad_input_rows(extension_here) -> dict[str, dict]:
+    """Every bad-input case on this machine's device, each in its own process (as the step runs them)."""
+    _, _, manifest = extension_here
+    rows = ext_checks.check_bad_inputs("ci", "fp", manifest)
+    for r in rows:  # the messages, for whoever reads the test output (-s / -rA)
+        print(f"{r['case']:32} {r['status']:8} {r.get('message') or r.get('reason')}")
+    return {r["case"]: r for r in rows}
 
-    ops = torch.ops.gpulab
-    with pytest.raises(RuntimeError, match="no broadcasting"):
-        ops.vector_add(torch.randn(4, 3), torch.randn(3))
-    with pytest.raises(RuntimeError, match="must be contiguous"):
-        ops.gelu_tanh(torch.randn(4, 4).t())
-    with pytest.raises(RuntimeError, match="expected float32, float16 or bfloat16"):
-        ops.gelu_tanh(torch.randn(4, dtype=torch.float64))
-    with pytest.raises(RuntimeError, match="must be 2-D"):
-        ops.softmax_rows(torch.randn(2, 3, 4))
-    assert ops.softmax_rows(torch.empty(0, 5)).shape == (0, 5)
+
+@pytest.mark.parametrize("case", ext_checks.BAD_CASES, ids=lambda c: c.name)
+def test_bad_input_is_refused_with_a_clear_message_never_a_crash(bad_input_rows, case) -> None:
+    row = bad_input_rows[case.name]
+    if case.needs_gpu and not detect().gpu_available:
+        assert row["status"] == "skipped" and "needs a GPU" in row["reason"]
+        return
+    assert row["status"] == "ok", f"{row['reason']}\nmessage: {row.get('message')}"
+    if case.expect:  # a RuntimeError naming the problem and the offending tensor
+        assert all(e in row["message"] for e in (*case.expect, *ext_checks.MESSAGE_MUST_NAME)), row["message"]
+    else:
+        assert row["message"].startswith("returned shape")
+
+
+def test_bad_input_crash_is_recorded_as_failed_with_the_signal(extension_here, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    crasher = tmp_path / "python"
+    crasher.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crasher.chmod(0o755)
+    monkeypatch.setattr(ext_checks.sys, "executable", str(crasher))
+    rows = ext_checks.check_bad_inputs("ci", "fp", extension_here[2], device=CPU_TORCH,
+                                       cases=ext_checks.BAD_CASES[:2])
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("killed by signal 11 (SIGSEGV)" in r["reason"] for r in rows), rows
+
+
+@pytest.mark.slow
+def test_bad_input_messages_survive_a_private_libstdcxx_copy(ext_cache: Path) -> None:
+    """The H100 failure on a CPU: the H100 machine's host compiler links libstdc++ into the extension, and
+    formatting a number through a C++ stream there crashed every bad-input message naming a shape. Linked
+    the same way here (-static-libstdc++), the build is flagged and every message still names the numbers."""
+    manifest = ext_cache / "manifest_static_libstdcxx.json"
+    script = f"""
+from pathlib import Path
+from gpulab.build import build, write_manifest
+from gpulab.device import DeviceInfo
+cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
+load = build("ci", device=cpu, cache_root=Path(r"{ext_cache}"), extra_ldflags=["-static-libstdc++"])
+write_manifest(load, Path(r"{manifest}"))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = read_manifest(manifest)
+    if built.status == "skipped":
+        pytest.skip(built.reason)
+    assert built.status == "ok" and "private copy of libstdc++" in built.reason, built.reason
+    rows = ext_checks.check_bad_inputs("ci", "fp", manifest, device=CPU_TORCH)
+    bad = [r for r in rows if r["status"] not in ("ok", "skipped")]
+    assert not bad, "\n".join(f"{r['case']}: {r['reason']} | {r.get('message')}" for r in bad)
+
+
+def test_private_libstdcxx_copy_is_detected_and_breaks_number_formatting(tmp_path: Path) -> None:
+    """Why the note exists: a library with its own libstdc++ cannot format a long through a stream."""
+    import ctypes
+
+    import torch  # noqa: F401  (the process's own libstdc++ is loaded first, as in a workflow step)
+
+    source = tmp_path / "fmt.cpp"
+    source.write_text('#include <sstream>\n#include <cstring>\nextern "C" void fmt(long v, char* out, int n) '
+                      '{ std::ostringstream s; s << "[" << v << "]"; std::strncpy(out, s.str().c_str(), n); }\n')
+    built = {}
+    for name, flags in (("static", ["-static-libstdc++"]), ("shared", [])):
+        lib = tmp_path / f"fmt_{name}.so"
+        proc = subprocess.run(["c++", "-O2", "-fPIC", "-shared", *flags, str(source), "-o", str(lib)],
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot link with {flags}: {proc.stderr[-300:]}")
+        built[name] = lib
+    assert ext_compile.private_libstdcxx_note(built["static"]).startswith("note: the host compiler linked")
+    assert ext_compile.private_libstdcxx_note(built["shared"]) == ""
+    buf = ctypes.create_string_buffer(32)
+    ctypes.CDLL(str(built["shared"])).fmt(ctypes.c_long(42), buf, 32)
+    assert buf.value == b"[42]"
+    ctypes.CDLL(str(built["static"])).fmt(ctypes.c_long(42), buf, 32)
+    assert buf.value != b"[42]"  # '[' only: the number is lost (the H100's libstdc++ pair crashes instead)
+
+
+def test_bad_input_judge_rejects_vague_messages() -> None:
+    case = ext_checks.CASES["softmax_rows_3d"]
+    vague = {"raised": "RuntimeError", "message": "gpulab::softmax_rows: bad input", "shape": "2x3x4"}
+    status, reason = ext_checks.judge(case, vague)
+    assert status == "failed" and "must be 2-D" in reason
+    assert ext_checks.judge(case, {"raised": "TypeError", "message": "x"})[0] == "failed"
+    empty = ext_checks.CASES["softmax_rows_no_rows"]
+    assert ext_checks.judge(empty, {"raised": "RuntimeError", "message": "no"})[0] == "failed"
+
+
+def test_manifest_loader_never_builds_and_says_why(cpu_extension, tmp_path: Path) -> None:
+    load = cpu_extension[0]
+    missing = load_from_manifest(tmp_path / "none.json")
+    assert missing.status == "failed" and "run the extension_build step" in missing.reason
+    gone = tmp_path / "gone.json"
+    write_manifest(replace(load, library=str(tmp_path / "deleted" / "gpulab_ops_x.so")), gone)
+    stale = load_from_manifest(gone)
+    assert stale.status == "failed" and "is missing" in stale.reason and "extension_build" in stale.reason
+    skipped = tmp_path / "skipped.json"
+    write_manifest(ext_compile.ExtensionLoad("skipped", "no host C++ compiler", "t"), skipped)
+    assert load_from_manifest(skipped).status == "skipped"
+    assert not (tmp_path / "deleted").exists()  # nothing was rebuilt
+
+
+@pytest.mark.skipif(HIPCC is None, reason="hipcc not installed (CI installs Debian's hipcc)")
+def test_extension_device_code_compiles_for_amd_with_hipcc(tmp_path: Path) -> None:
+    source = ext_plan.SOURCE_DIR / "ops_kernels_hip.hip"
+    out = tmp_path / "ops_kernels_gfx90a.o"
+    proc = subprocess.run(["hipcc", "-std=c++17", "-O3", "--offload-arch=gfx90a", "-c", str(source), "-o", str(out)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HIP_PLATFORM": "amd"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.stat().st_size > 100_000  # host stubs plus the gfx90a code object of every kernel
+
+
+def test_gelu_constant_is_written_once_in_the_extension_sources() -> None:
+    hits = [p.name for p in ext_plan.SOURCE_DIR.iterdir() for line in p.read_text().splitlines() if "0.044715" in line]
+    assert hits == ["ops_common.h"]
 
 
 def test_timing_pitfalls_rows_on_cpu(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpulab.timing_pitfalls import PITFALLS, run_pitfalls
 
-    _, root = cpu_extension
-    monkeypatch.setenv(ext.CACHE_ENV, str(root))  # the fresh-process measurements find this build
-    rows = run_pitfalls("ci", "fp", FAST, size=1 << 16, device=CPU_TORCH)
+    _, _, manifest = cpu_extension
+    rows = run_pitfalls("ci", "fp", FAST, manifest=manifest, size=1 << 16, device=CPU_TORCH)
     table = PITFALLS.frame(rows)
     assert (table["status"] == "ok").all(), table["reason"].tolist()
     assert list(table["method"]) == ["tutorial"] * 2 + ["tutorial_reversed"] * 2 + ["measured"] * 2
@@ -370,11 +504,12 @@ def test_broken_kernel_source_fails_the_step_with_the_compiler_message(tmp_path:
 import sys
 from pathlib import Path
 from gpulab.device import DeviceInfo
-from gpulab.extension import run_extension_step
+from gpulab.build.step import run_extension_step
 cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
 run_extension_step("ci", "fp", {{}}, out_csv=Path(r"{tmp_path}/extension.csv"),
                    checks_csv=Path(r"{tmp_path}/checks.csv"), build_log=Path(r"{tmp_path}/build.log"),
-                   cache_root=Path(r"{tmp_path}/cache"), device=cpu, source_dir=Path(r"{src}"))
+                   manifest=Path(r"{tmp_path}/manifest.json"), cache_root=Path(r"{tmp_path}/cache"), device=cpu,
+                   source_dir=Path(r"{src}"))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
                           cwd=tmp_path)
@@ -384,7 +519,7 @@ run_extension_step("ci", "fp", {{}}, out_csv=Path(r"{tmp_path}/extension.csv"),
     # The compiler's own diagnostic, file and line included, not just a Python traceback.
     assert re.search(r"ops\.cpp:\d+:\d+: error: .*gpulab_no_such_symbol", proc.stderr), proc.stderr[-3000:]
     assert "ExtensionBuildError" in proc.stderr
-    assert not (tmp_path / "extension.csv").exists() and not (tmp_path / "checks.csv").exists()
+    assert not any((tmp_path / n).exists() for n in ("extension.csv", "checks.csv", "manifest.json"))
     build_dir = next((tmp_path / "cache" / "extensions" / "ci").glob("gpulab_ops_*"))
     assert not (build_dir / "build.json").exists()  # never mistaken for a finished build
 
@@ -406,6 +541,8 @@ def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", section))
     assert "234 of 234 cases within tolerance" in text  # H100
     assert "192 of 192 cases within tolerance" in text  # CPU
+    assert "17 of 17 bad-input cases refused with a clear message" in text and "1 skipped" in text  # CPU
+    assert "must be contiguous, got strides [1, 48]" in text
     assert "an apparent 8.4× speed-up" in text and "the native add is 1.2% faster" in text
     assert "Run skipped: no AMD GPU" in text and "hipErrorNoDevice" in text
     assert "22.1" in text and "sm_90" in text and "gfx90a" in text
@@ -418,8 +555,8 @@ def test_fixture_tables_match_their_schemas() -> None:
 
     for target in ("h100", "local-cpu"):
         base = FIXTURES / "results" / target / "build"
-        for schema, name in ((HIP_STANDALONE, "hip_standalone.csv"), (ext.EXTENSION, "extension.csv"),
-                             (ext.EXTENSION_CHECKS, "extension_checks.csv"), (PITFALLS, "timing_pitfalls.csv")):
+        for schema, name in ((HIP_STANDALONE, "hip_standalone.csv"), (ext_step.EXTENSION, "extension.csv"),
+                             (ext_checks.EXTENSION_CHECKS, "extension_checks.csv"), (PITFALLS, "timing_pitfalls.csv")):
             df = schema.read(base / name)
             assert list(df.columns) == schema.names, f"{target}/{name}"
     with pytest.raises(SchemaError):

@@ -26,7 +26,9 @@ KERNEL_SOURCES = {
     "triton": ("kernels/triton/{op}.py", "kernels/triton/config.py", "kernels/triton/__init__.py"),
 }
 HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/hip/hip_compat.h")
-EXTENSION_SOURCES = ("kernels/ext/ops.cpp", "kernels/ext/ops_cuda.cu", "kernels/ext/ops_common.h")
+EXTENSION_SOURCES = (
+    "kernels/ext/ops.cpp", "kernels/ext/ops_cuda.cu", "kernels/ext/ops_common.h", "kernels/ext/ops_kernels.cuh",
+)
 
 # Files other than Python modules that a step's script reads, by script name.
 DATA_SOURCES = {

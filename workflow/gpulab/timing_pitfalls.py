@@ -16,6 +16,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, detect
@@ -47,13 +48,13 @@ PITFALLS = TableSchema(
 )
 
 
-def tutorial_measurement(target: str, native_first: bool, size: int = TUTORIAL_SIZE) -> dict[str, Any]:
+def tutorial_measurement(manifest: Path, native_first: bool, size: int = TUTORIAL_SIZE) -> dict[str, Any]:
     """The tutorial's procedure, verbatim in substance; meant to run in a fresh process."""
     import torch
 
-    from gpulab.extension import load_ops
+    from gpulab.build import load_from_manifest
 
-    ops = load_ops(target).ops
+    ops = load_from_manifest(manifest).ops
     info = detect()
     dev = info.torch_device
     x = torch.randn(size, device=dev)
@@ -78,10 +79,10 @@ def tutorial_measurement(target: str, native_first: bool, size: int = TUTORIAL_S
             "device": dev}
 
 
-def _tutorial_in_subprocess(target: str, native_first: bool, size: int, timeout_s: float) -> dict[str, Any]:
+def _tutorial_in_subprocess(manifest: Path, native_first: bool, size: int, timeout_s: float) -> dict[str, Any]:
     import sys
 
-    argv = [sys.executable, "-m", "gpulab.timing_pitfalls", "--target", target, "--size", str(size)]
+    argv = [sys.executable, "-m", "gpulab.timing_pitfalls", "--manifest", str(manifest), "--size", str(size)]
     if native_first:
         argv.append("--native-first")
     result = run_tool("python:gpulab.timing_pitfalls", argv, timeout_s=timeout_s)
@@ -95,24 +96,27 @@ def _single_reading(ms: float) -> dict[str, Any]:
             "warmup_reps": 0, "first_call_ms": ms, "timer": "host_clock", "cache_policy": "none"}
 
 
-def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, size: int = TUTORIAL_SIZE,
-                 device: DeviceInfo | None = None, timeout_s: float = 600) -> list[dict[str, Any]]:
-    """Rows of timing_pitfalls.csv: the tutorial's readings (both orders) and the measured medians."""
+def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, manifest: Path,
+                 size: int = TUTORIAL_SIZE, device: DeviceInfo | None = None,
+                 timeout_s: float = 600) -> list[dict[str, Any]]:
+    """Rows of timing_pitfalls.csv: the tutorial's readings (both orders) and the measured medians, with
+    the library the extension step's ``manifest`` names."""
     import torch
 
-    from gpulab.extension import load_ops
+    from gpulab.build import load_from_manifest
 
     info = device or detect()
     base = {"target": target, "fingerprint": fingerprint, "dtype": "fp32", "size": size,
             "device": info.torch_device}
-    loaded = load_ops(target)
+    loaded = load_from_manifest(manifest)
     if loaded.status != "ok":
-        return [{**base, "status": "skipped", "reason": f"extension not available: {loaded.reason}",
+        status = "skipped" if loaded.status == "skipped" else "failed"
+        return [{**base, "status": status, "reason": f"extension not available: {loaded.reason}",
                  "method": m, "impl": i} for m in ("tutorial", "tutorial_reversed", "measured")
                 for i in ("cpp_ext", "native")]
     rows = []
     for method, native_first in (("tutorial", False), ("tutorial_reversed", True)):
-        got = _tutorial_in_subprocess(target, native_first, size, timeout_s)
+        got = _tutorial_in_subprocess(manifest, native_first, size, timeout_s)
         speedup = got["ms"]["native"] / got["ms"]["cpp_ext"] if got["ms"]["cpp_ext"] > 0 else math.nan
         for position, impl in enumerate(got["order"], start=1):
             ms = got["ms"][impl]
@@ -141,11 +145,11 @@ def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, size:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One tutorial-style timing of custom add vs x + y (JSON).")
-    parser.add_argument("--target", default="local")
+    parser.add_argument("--manifest", type=Path, required=True, help="the extension step's manifest")
     parser.add_argument("--size", type=int, default=TUTORIAL_SIZE)
     parser.add_argument("--native-first", action="store_true")
     args = parser.parse_args(argv)
-    print(json.dumps(tutorial_measurement(args.target, args.native_first, args.size)))
+    print(json.dumps(tutorial_measurement(args.manifest, args.native_first, args.size)))
     return 0
 
 

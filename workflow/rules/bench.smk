@@ -1,7 +1,6 @@
 BENCH_OPS = config["bench"]["ops"]
 BENCH_IMPLS = config["bench"]["impls"]
 BENCH_SIZES = config["bench"]["sizes"]
-EXTENSION_CSV = result("build/extension.csv")
 
 
 wildcard_constraints:
@@ -14,7 +13,7 @@ rule bench_ceilings:
         src=sources("bench_ceilings.py"),
         env=result("env/env.json"),
         # The extension's vector_add is one of the add ceiling's methods.
-        extension=EXTENSION_CSV,
+        extension=EXTENSION_MANIFEST,
     output:
         report(
             result("bench/ceilings.csv"),
@@ -46,9 +45,9 @@ rule bench_cell:
         kernels=kernels_of,
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
-        # cpp_ext cells load the extension the build step made; they wait for its outcome table.
+        # cpp_ext cells load exactly the library the build step's manifest names.
         extension=lambda w: (
-            [EXTENSION_CSV.format(target=w.target)] if w.impl == "cpp_ext" else []
+            [EXTENSION_MANIFEST.format(target=w.target)] if w.impl == "cpp_ext" else []
         ),
     output:
         result("bench/cells/{op}__{impl}.csv"),

@@ -1,5 +1,7 @@
 # Kernel sources and library code are inputs (`sources`, common.smk), so editing one reruns its step (and,
 # through the cache key, rebuilds).
+# The built extension travels through the DAG as this manifest (library path, digest, arch, outcome).
+EXTENSION_MANIFEST = result("build/extension_manifest.json")
 
 
 rule hip_standalone:
@@ -44,6 +46,7 @@ rule extension_build:
         ),
         checks=result("build/extension_checks.csv"),
         build_log=result("build/extension_build.log"),
+        manifest=EXTENSION_MANIFEST,
     log:
         log_of("extension_build"),
     benchmark:
@@ -63,7 +66,7 @@ rule extension_build:
 rule timing_pitfalls:
     input:
         src=sources("build_timing_pitfalls.py"),
-        extension=result("build/extension.csv"),
+        manifest=EXTENSION_MANIFEST,
         env=result("env/env.json"),
     output:
         result("build/timing_pitfalls.csv"),

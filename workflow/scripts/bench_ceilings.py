@@ -15,6 +15,9 @@ from gpulab.env_capture import read_fingerprint  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 from gpulab.timing import TimingSettings  # noqa: E402
 
+from gpulab.build import load_from_manifest  # noqa: E402
+
+load_from_manifest(snakemake.input.extension)
 info = detect()
 rows = measure_ceilings(
     snakemake.params.ceilings,

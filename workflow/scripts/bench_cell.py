@@ -14,6 +14,11 @@ from gpulab.tables import enforce_strict  # noqa: E402
 
 params = snakemake.params
 op, impl = snakemake.wildcards.op, snakemake.wildcards.impl
+extension = snakemake.input.get("extension")  # cpp_ext cells only: the build step's manifest
+if extension:
+    from gpulab.build import load_from_manifest
+
+    load_from_manifest(extension if isinstance(extension, str) else extension[0])
 table = bench_cell_job(
     op,
     impl,

@@ -1,4 +1,4 @@
-"""Snakemake script of rule extension_build: thin wrapper over gpulab.extension."""
+"""Snakemake script of rule extension_build: thin wrapper over gpulab.build.step."""
 
 from gpulab.logs import to_log
 
@@ -10,8 +10,9 @@ apply_target_env(snakemake.config, snakemake.wildcards.target)
 
 from pathlib import Path  # noqa: E402
 
+from gpulab.build.checks import EXTENSION_CHECKS  # noqa: E402
+from gpulab.build.step import EXTENSION, run_extension_step  # noqa: E402
 from gpulab.env_capture import read_fingerprint  # noqa: E402
-from gpulab.extension import EXTENSION, EXTENSION_CHECKS, run_extension_step  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 
 # A compile error raises here, after printing the compiler's output to this log.
@@ -22,9 +23,10 @@ run_extension_step(
     out_csv=Path(snakemake.output.csv),
     checks_csv=Path(snakemake.output.checks),
     build_log=Path(snakemake.output.build_log),
+    manifest=Path(snakemake.output.manifest),
 )
 builds = EXTENSION.read(snakemake.output.csv)
 print(builds[["phase", "status", "backend", "arch", "compiler", "seconds", "cached", "reason"]].to_string(index=False))
 checks = EXTENSION_CHECKS.read(snakemake.output.checks)
 enforce_strict(builds, snakemake.params.strict, "extension_build")
-enforce_strict(checks, snakemake.params.strict, "extension_build (correctness checks)")
+enforce_strict(checks, snakemake.params.strict, "extension_build (correctness and bad-input checks)")

@@ -8,6 +8,8 @@ from gpulab.cluster import apply_target_env  # noqa: E402
 
 apply_target_env(snakemake.config, snakemake.wildcards.target)
 
+from pathlib import Path  # noqa: E402
+
 from gpulab.env_capture import read_fingerprint  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 from gpulab.timing import TimingSettings  # noqa: E402
@@ -17,6 +19,7 @@ rows = run_pitfalls(
     snakemake.wildcards.target,
     read_fingerprint(snakemake.input.env),
     TimingSettings.from_config(snakemake.params.timing),
+    manifest=Path(snakemake.input.manifest),
 )
 table = PITFALLS.write(rows, snakemake.output[0])
 print(table[["method", "impl", "call_order", "status", "ms", "speedup_vs_native", "reason"]].to_string(index=False))

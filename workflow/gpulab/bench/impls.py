@@ -67,7 +67,7 @@ def compile_unavailable(ctx: BenchContext) -> Unavailable | None:
 
 
 def extension_unavailable(ctx: BenchContext) -> Unavailable | None:
-    """Load (building if needed) the C++ extension once per job; its outcome decides every cpp_ext row."""
+    """The C++ extension this job loaded from its manifest; its outcome decides every cpp_ext row."""
     if "cpp_ext" in ctx.cache:
         return ctx.cache["cpp_ext"]
     ctx.cache["cpp_ext"] = reason = _load_extension(ctx)
@@ -75,18 +75,13 @@ def extension_unavailable(ctx: BenchContext) -> Unavailable | None:
 
 
 def _load_extension(ctx: BenchContext) -> Unavailable | None:
-    try:
-        from gpulab.extension import load_ops
-    except ImportError as exc:
-        return Unavailable(f"the extension loader gpulab.extension is not available ({exc})", "failed")
-    try:
-        loaded = load_ops(ctx.target)
-    except Exception as exc:
-        return Unavailable(f"loading the extension raised {type(exc).__name__}: {exc}", "failed")
-    status = getattr(loaded, "status", "ok")
-    if status != "ok":
-        reason = getattr(loaded, "reason", "") or f"the extension step reported {status}"
-        return Unavailable(f"extension not usable: {reason}", "skipped" if status == "skipped" else "failed")
+    # The job's script loaded the library its rule's manifest names (gpulab.build.load_from_manifest).
+    from gpulab.build import manifest_outcome
+
+    loaded = manifest_outcome()
+    if loaded.status != "ok":
+        reason = loaded.reason or f"the extension step reported {loaded.status}"
+        return Unavailable(f"extension not usable: {reason}", "skipped" if loaded.status == "skipped" else "failed")
     import torch
 
     missing = [name for name in EXTENSION_OPS.values() if not hasattr(torch.ops.gpulab, name)]

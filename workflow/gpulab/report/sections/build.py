@@ -64,6 +64,22 @@ def standalone_runs(standalone: pd.DataFrame) -> pd.DataFrame:
     return runs[[c for c in columns if c in runs.columns]].reset_index(drop=True)
 
 
+def split_checks(checks: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(correctness rows, bad-input rows); tables written before the bad-input cases hold only the first."""
+    if checks.empty or "kind" not in checks.columns:
+        return checks, pd.DataFrame()
+    return (checks[checks["kind"] != "bad_input"].reset_index(drop=True),
+            checks[checks["kind"] == "bad_input"].reset_index(drop=True))
+
+
+def bad_input_table(bad: pd.DataFrame) -> pd.DataFrame:
+    """One row per bad-input case: what was passed, what the operator said, and whether that was right."""
+    if bad.empty:
+        return pd.DataFrame()
+    table = bad[["op", "case", "layout", "dtype", "shape", "status", "message", "reason"]].copy()
+    return table.fillna("")
+
+
 def checks_summary(checks: pd.DataFrame) -> pd.DataFrame:
     """Per op and dtype: cases checked, how many were within tolerance, and the worst errors."""
     if checks.empty or "op" not in checks.columns or checks["op"].isna().all():
@@ -141,7 +157,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
     labels = getattr(ctx, "target_labels", {}) or {}
     targets = []
     for target in present:
-        sa, ext, chk, pit = (_rows(f, target) for f in frames)
+        sa, ext, all_checks, pit = (_rows(f, target) for f in frames)
+        chk, bad = split_checks(all_checks)
         build_dir = ctx.results.path(target, "build")
         logs = [{"name": name, "href": ctx.link(build_dir / name)}
                 for name in ("hip_standalone_build.log", "hip_standalone_run.log", "extension_build.log")
@@ -162,6 +179,9 @@ def build(ctx: Any) -> dict[str, Any] | None:
             "checks_total": len(chk) if not chk.empty else 0,
             "checks_ok": int((chk["status"] == "ok").sum()) if not chk.empty else 0,
             "checks_skipped_reason": skipped_checks["reason"].iloc[0] if not skipped_checks.empty else "",
+            "bad_inputs": bad_input_table(bad),
+            "bad_inputs_ok": int((bad["status"] == "ok").sum()) if not bad.empty else 0,
+            "bad_inputs_run": int((bad["status"] != "skipped").sum()) if not bad.empty else 0,
             "incorrect": incorrect[[c for c in ("op", "dtype", "shape", "layout", "max_abs_err", "rel_err", "reason")
                                     if c in incorrect.columns]] if not incorrect.empty else pd.DataFrame(),
             "story": pitfalls_story(pit) if not pit.empty else None,

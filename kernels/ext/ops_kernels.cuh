@@ -1,0 +1,559 @@
+// The gpulab operators' device code: kernels and the host templates that choose and launch them.
+//
+// Pure CUDA/HIP C++: no ATen, no c10, no exceptions. Included by ops_cuda.cu (the PyTorch extension,
+// compiled by nvcc, or hipified and compiled by hipcc on ROCm builds of PyTorch) and by
+// ops_kernels_hip.hip (a standalone HIP translation unit that instantiates every kernel, so the AMD
+// code can be compiled and its resource usage read on a machine without an AMD GPU). The element type
+// T is the including unit's: c10::Half / c10::BFloat16 in the extension, __half / __hip_bfloat16 in
+// the HIP unit; to_float / from_float are the only conversions the kernels use.
+//
+// Nothing assumes a 32-lane warp: the warp width is a template parameter of every kernel that reduces
+// across lanes (AMD CDNA wavefronts are 64 lanes, RDNA and NVIDIA warps 32).
+//
+// Performance notes (all operators are memory-bound):
+// - 16-byte vector loads and stores when every pointer is 16-byte aligned and, for softmax, the row
+//   length is a multiple of the vector width; scalar kernels otherwise, so any size and any offset view
+//   is still correct.
+// - Elementwise: a few 16-byte vectors per thread and input, loaded before any is used; one block per
+//   tile (a grid-stride loop only past the grid-size limit); the sub-vector tail is done by block 0.
+// - Softmax: rows up to 32 floats per lane are held in registers by one warp per row (two passes over
+//   registers, one read and one write of memory); rows up to 32 floats per thread of a block by one
+//   block per row; longer rows by an online (max, sum) pass and a second, normalising pass.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "ops_common.h"
+
+#if defined(USE_ROCM) || defined(__HIP_PLATFORM_AMD__)
+#define GPULAB_ROCM 1
+#endif
+
+namespace gpulab {
+namespace kernels {
+
+// Lane exchange within a warp of WIDTH lanes (a 64-bit lane mask on AMD: no _sync variant needed).
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask, int width) {
+#if defined(GPULAB_ROCM)
+    return __shfl_xor(v, lane_mask, width);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask, width);
+#endif
+}
+
+constexpr int kVecBytes = 16;
+// PyTorch's own launch shape for vectorised elementwise kernels (ATen/native/cuda/CUDALoops.cuh), which
+// reached 100% of the measured copy bandwidth on an H100 where a 256-thread, 16-element-per-thread,
+// SM-capped grid-stride version of these kernels reached 95-98%: small blocks, a few elements per
+// thread, one block per tile.
+#if defined(GPULAB_ROCM)
+constexpr int kElementwiseThreads = 256;
+constexpr int kElementsPerThread = 4;
+#else
+constexpr int kElementwiseThreads = 128;
+constexpr int kElementsPerThread = 8;
+#endif
+constexpr int kSoftmaxWarpBlockThreads = 256;
+constexpr int kFloatsPerLane = 32;  // register budget of the row-in-registers softmax kernels
+constexpr int kMaxBlockThreads = 1024;
+
+template <typename T>
+struct alignas(kVecBytes) Vec {
+    T v[kVecBytes / sizeof(T)];
+};
+
+// 16-byte accesses go through uint4, a native vector type: a plain struct copy can be split into
+// scalar accesses when the compiler loses track of the alignment.
+// Index i counts 16-byte vectors from a 16-byte aligned base.
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* base, int64_t i) {
+    const uint4 bits = reinterpret_cast<const uint4*>(base)[i];
+    Vec<T> v;
+    memcpy(&v, &bits, sizeof(v));
+    return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* base, int64_t i, const Vec<T>& v) {
+    uint4 bits;
+    memcpy(&bits, &v, sizeof(bits));
+    reinterpret_cast<uint4*>(base)[i] = bits;
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x) {
+    return static_cast<float>(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+    return static_cast<T>(x);
+}
+
+struct AddOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+struct GeluTanhOp {
+    __device__ __forceinline__ float operator()(float x) const {
+        return 0.5f * x * (1.0f + tanhf(gelu_tanh_inner(x)));
+    }
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kVecBytes == 0; }
+
+// One block per tile; the kernels' grid-stride loops only matter past the grid-size limit.
+inline int64_t elementwise_blocks(int64_t work_items, int64_t items_per_block) {
+    const int64_t needed = (work_items + items_per_block - 1) / items_per_block;
+    return std::max<int64_t>(1, std::min<int64_t>(needed, INT32_MAX));
+}
+
+// 16-byte vectors per thread per tensor: kElementsPerThread elements, at least one vector.
+template <typename T>
+constexpr int elementwise_unroll() {
+    return std::max<int>(1, kElementsPerThread / (kVecBytes / static_cast<int>(sizeof(T))));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Elementwise kernels
+// ---------------------------------------------------------------------------------------------------
+
+template <typename T, int UNROLL, typename Op>
+__global__ void __launch_bounds__(kElementwiseThreads)
+binary_vec_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n, Op op) {
+    constexpr int V = kVecBytes / sizeof(T);
+    using VecT = Vec<T>;
+    const int64_t nvec = n / V;
+    const int64_t tile = static_cast<int64_t>(kElementwiseThreads) * UNROLL;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * tile + threadIdx.x; base < nvec;
+         base += static_cast<int64_t>(gridDim.x) * tile) {
+        VecT ra[UNROLL], rb[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
+            if (i < nvec) {
+                ra[u] = load_vec(a, i);
+                rb[u] = load_vec(b, i);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
+            if (i < nvec) {
+                VecT r;
+#pragma unroll
+                for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(ra[u].v[k]), to_float(rb[u].v[k])));
+                store_vec(out, i, r);
+            }
+        }
+    }
+    const int64_t tail = nvec * V;  // fewer than V elements remain
+    if (blockIdx.x == 0 && tail + threadIdx.x < n) {
+        const int64_t i = tail + threadIdx.x;
+        out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i])));
+    }
+}
+
+template <typename T, int UNROLL, typename Op>
+__global__ void __launch_bounds__(kElementwiseThreads)
+unary_vec_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, Op op) {
+    constexpr int V = kVecBytes / sizeof(T);
+    using VecT = Vec<T>;
+    const int64_t nvec = n / V;
+    const int64_t tile = static_cast<int64_t>(kElementwiseThreads) * UNROLL;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * tile + threadIdx.x; base < nvec;
+         base += static_cast<int64_t>(gridDim.x) * tile) {
+        VecT rx[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
+            if (i < nvec) rx[u] = load_vec(x, i);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
+            if (i < nvec) {
+                VecT r;
+#pragma unroll
+                for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(rx[u].v[k])));
+                store_vec(out, i, r);
+            }
+        }
+    }
+    const int64_t tail = nvec * V;
+    if (blockIdx.x == 0 && tail + threadIdx.x < n) {
+        const int64_t i = tail + threadIdx.x;
+        out[i] = from_float<T>(op(to_float(x[i])));
+    }
+}
+
+// Unaligned views (a storage offset that is not a multiple of 16 bytes) take the scalar path.
+template <typename T, typename Op>
+__global__ void __launch_bounds__(kElementwiseThreads)
+binary_scalar_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n, Op op) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_float<T>(op(to_float(a[i]), to_float(b[i])));
+}
+
+template <typename T, typename Op>
+__global__ void __launch_bounds__(kElementwiseThreads)
+unary_scalar_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, Op op) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = from_float<T>(op(to_float(x[i])));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Softmax kernels
+// ---------------------------------------------------------------------------------------------------
+
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+
+template <int WIDTH, typename Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+#pragma unroll
+    for (int offset = WIDTH / 2; offset > 0; offset /= 2) v = op(v, shfl_xor(v, offset, WIDTH));
+    return v;
+}
+
+// Every thread gets the block's result; `smem` holds one float per warp and is not reused afterwards.
+template <int WARP, typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* smem, Op op, float identity) {
+    const int lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
+    const int nwarps = (blockDim.x + WARP - 1) / WARP;
+    v = warp_reduce<WARP>(v, op);
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? smem[lane] : identity;
+    return warp_reduce<WARP>(v, op);
+}
+
+// Chunk j of a row: 16-byte vector j (VEC) or element j.
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ row, int64_t j, float* dst) {
+    if constexpr (VEC) {
+        const Vec<T> v = load_vec(row, j);
+#pragma unroll
+        for (int k = 0; k < kVecBytes / static_cast<int>(sizeof(T)); ++k) dst[k] = to_float(v.v[k]);
+    } else {
+        dst[0] = to_float(row[j]);
+    }
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void store_chunk(T* __restrict__ row, int64_t j, const float* src, float scale) {
+    if constexpr (VEC) {
+        Vec<T> v;
+#pragma unroll
+        for (int k = 0; k < kVecBytes / static_cast<int>(sizeof(T)); ++k) v.v[k] = from_float<T>(src[k] * scale);
+        store_vec(row, j, v);
+    } else {
+        row[j] = from_float<T>(src[0] * scale);
+    }
+}
+
+// One warp per row; the row lives in registers (ITERS chunks of V elements per lane).
+template <typename T, int WARP, int ITERS, bool VEC>
+__global__ void __launch_bounds__(kSoftmaxWarpBlockThreads)
+softmax_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    if (row >= rows) return;
+    const int64_t chunks = cols / V;  // VEC implies cols % V == 0
+    const int lane = threadIdx.x;
+    const T* xr = x + row * cols;
+    T* yr = y + row * cols;
+    float v[ITERS][V];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * WARP + lane;
+        if (j < chunks) {
+            load_chunk<T, VEC>(xr, j, v[it]);
+#pragma unroll
+            for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[it][k]);
+        }
+    }
+    mx = warp_reduce<WARP>(mx, MaxOp{});
+    float sum = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * WARP + lane;
+        if (j < chunks) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                v[it][k] = expf(v[it][k] - mx);
+                sum += v[it][k];
+            }
+        }
+    }
+    sum = warp_reduce<WARP>(sum, SumOp{});
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * WARP + lane;
+        if (j < chunks) store_chunk<T, VEC>(yr, j, v[it], inv);
+    }
+}
+
+// One block per row; the row lives in registers (ITERS chunks of V elements per thread).
+template <typename T, int WARP, int ITERS, bool VEC>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+softmax_block_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    __shared__ float smem_max[kMaxBlockThreads / 32];
+    __shared__ float smem_sum[kMaxBlockThreads / 32];
+    const int64_t row = blockIdx.x;
+    const int64_t chunks = cols / V;
+    const T* xr = x + row * cols;
+    T* yr = y + row * cols;
+    float v[ITERS][V];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * blockDim.x + threadIdx.x;
+        if (j < chunks) {
+            load_chunk<T, VEC>(xr, j, v[it]);
+#pragma unroll
+            for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[it][k]);
+        }
+    }
+    mx = block_reduce<WARP>(mx, smem_max, MaxOp{}, -INFINITY);
+    float sum = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * blockDim.x + threadIdx.x;
+        if (j < chunks) {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                v[it][k] = expf(v[it][k] - mx);
+                sum += v[it][k];
+            }
+        }
+    }
+    sum = block_reduce<WARP>(sum, smem_sum, SumOp{}, 0.0f);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * blockDim.x + threadIdx.x;
+        if (j < chunks) store_chunk<T, VEC>(yr, j, v[it], inv);
+    }
+}
+
+// Running (max, sum of exp(x - max)); a max of -inf (nothing seen yet, or only -inf) contributes 0.
+struct OnlineSoftmax {
+    float m = -INFINITY;
+    float s = 0.0f;
+
+    __device__ __forceinline__ void merge(float other_m, float other_s) {
+        const float new_m = fmaxf(m, other_m);
+        const float ref = new_m == -INFINITY ? 0.0f : new_m;
+        s = s * expf(m - ref) + other_s * expf(other_m - ref);
+        m = new_m;
+    }
+};
+
+template <int WARP>
+__device__ __forceinline__ OnlineSoftmax warp_reduce_online(OnlineSoftmax a) {
+#pragma unroll
+    for (int offset = WARP / 2; offset > 0; offset /= 2) {
+        const float om = shfl_xor(a.m, offset, WARP);
+        const float os = shfl_xor(a.s, offset, WARP);
+        a.merge(om, os);
+    }
+    return a;
+}
+
+// Rows too long for registers: an online pass for (max, sum), then a pass that writes the result (the
+// second read mostly hits L2: a wave of blocks touches far less than the cache holds).
+template <typename T, int WARP, bool VEC>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    constexpr int UNROLL = 4;
+    __shared__ float smem_m[kMaxBlockThreads / 32];
+    __shared__ float smem_s[kMaxBlockThreads / 32];
+    const int64_t row = blockIdx.x;
+    const int64_t chunks = cols / V;
+    const T* xr = x + row * cols;
+    T* yr = y + row * cols;
+    const int64_t step = blockDim.x;
+
+    OnlineSoftmax acc;
+    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
+        float v[UNROLL][V];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) load_chunk<T, VEC>(xr, j, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) {
+                float cm = v[u][0];
+#pragma unroll
+                for (int k = 1; k < V; ++k) cm = fmaxf(cm, v[u][k]);
+                const float ref = cm == -INFINITY ? 0.0f : cm;
+                float cs = 0.0f;
+#pragma unroll
+                for (int k = 0; k < V; ++k) cs += expf(v[u][k] - ref);
+                acc.merge(cm, cs);
+            }
+        }
+    }
+    acc = warp_reduce_online<WARP>(acc);
+    const int lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
+    const int nwarps = (blockDim.x + WARP - 1) / WARP;
+    if (lane == 0) {
+        smem_m[warp] = acc.m;
+        smem_s[warp] = acc.s;
+    }
+    __syncthreads();
+    OnlineSoftmax total;
+    if (lane < nwarps) {
+        total.m = smem_m[lane];
+        total.s = smem_s[lane];
+    }
+    total = warp_reduce_online<WARP>(total);
+    const float mx = total.m;
+    const float inv = 1.0f / total.s;
+
+    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
+        float v[UNROLL][V];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) load_chunk<T, VEC>(xr, j, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) {
+#pragma unroll
+                for (int k = 0; k < V; ++k) v[u][k] = expf(v[u][k] - mx);
+                store_chunk<T, VEC>(yr, j, v[u], inv);
+            }
+        }
+    }
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// Launchers: choose the kernel for the pointers' alignment and the row length, enqueue it on `stream`.
+// The caller checks the launch with the runtime's last error.
+// ---------------------------------------------------------------------------------------------------
+
+#if defined(GPULAB_ROCM)
+using Stream = hipStream_t;
+#else
+using Stream = cudaStream_t;
+#endif
+
+template <typename T, typename Op>
+void launch_binary(const T* a, const T* b, T* out, int64_t n, Op op, Stream stream) {
+    constexpr int V = kVecBytes / sizeof(T);
+    if (aligned16(a) && aligned16(b) && aligned16(out)) {
+        constexpr int U = elementwise_unroll<T>();
+        const int64_t blocks = elementwise_blocks(n / V, kElementwiseThreads * U);
+        binary_vec_kernel<T, U><<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(a, b, out, n, op);
+    } else {
+        const int64_t blocks = elementwise_blocks(n, kElementwiseThreads * 4);
+        binary_scalar_kernel<T><<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(a, b, out, n, op);
+    }
+}
+
+template <typename T, typename Op>
+void launch_unary(const T* x, T* out, int64_t n, Op op, Stream stream) {
+    constexpr int V = kVecBytes / sizeof(T);
+    if (aligned16(x) && aligned16(out)) {
+        constexpr int U = elementwise_unroll<T>();
+        const int64_t blocks = elementwise_blocks(n / V, kElementwiseThreads * U);
+        unary_vec_kernel<T, U><<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(x, out, n, op);
+    } else {
+        const int64_t blocks = elementwise_blocks(n, kElementwiseThreads * 4);
+        unary_scalar_kernel<T><<<static_cast<unsigned>(blocks), kElementwiseThreads, 0, stream>>>(x, out, n, op);
+    }
+}
+
+template <typename T, int WARP, int ITERS, bool VEC>
+void launch_softmax_warp(const T* x, T* y, int64_t rows, int64_t cols, Stream stream) {
+    constexpr int rows_per_block = kSoftmaxWarpBlockThreads / WARP;
+    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    softmax_warp_kernel<T, WARP, ITERS, VEC>
+        <<<static_cast<unsigned>(blocks), dim3(WARP, rows_per_block), 0, stream>>>(x, y, rows, cols);
+}
+
+// Picks the kernel for a row of `chunks` chunks (vectors of V elements, or single elements).
+// rows < 2^31 (one block per row in the block and looped kernels): the caller checks it.
+template <typename T, int WARP, bool VEC>
+void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, Stream stream) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    constexpr int kMaxIters = kFloatsPerLane / V;
+    const int64_t chunks = cols / V;
+    if (chunks <= static_cast<int64_t>(WARP) * kMaxIters) {
+        if constexpr (VEC) {
+            // Exact register footprints for the widths that matter (powers of two up to the limit).
+            if (chunks <= WARP) return launch_softmax_warp<T, WARP, 1, VEC>(x, y, rows, cols, stream);
+            if (chunks <= WARP * 2) return launch_softmax_warp<T, WARP, 2, VEC>(x, y, rows, cols, stream);
+            if (chunks <= WARP * 4) return launch_softmax_warp<T, WARP, 4, VEC>(x, y, rows, cols, stream);
+            if constexpr (kMaxIters >= 8) {
+                if (chunks <= WARP * 8) return launch_softmax_warp<T, WARP, 8, VEC>(x, y, rows, cols, stream);
+            }
+        } else {
+            if (chunks <= WARP * 4) return launch_softmax_warp<T, WARP, 4, VEC>(x, y, rows, cols, stream);
+            return launch_softmax_warp<T, WARP, kMaxIters, VEC>(x, y, rows, cols, stream);
+        }
+    }
+    // Scalar chunks need more address registers each: half the depth keeps 1024-thread blocks unspilled.
+    constexpr int kBlockIters = VEC ? kMaxIters : kMaxIters / 2;
+    if (chunks <= static_cast<int64_t>(kMaxBlockThreads) * kBlockIters) {
+        // Fewest threads that hold the row at kBlockIters chunks each, but at least 128 so a block has
+        // several warps to overlap.
+        const int64_t per_thread = (chunks + kBlockIters - 1) / kBlockIters;
+        const int64_t threads = std::min<int64_t>(
+            kMaxBlockThreads, std::max<int64_t>(128, (per_thread + WARP - 1) / WARP * WARP));
+        softmax_block_kernel<T, WARP, kBlockIters, VEC>
+            <<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(x, y, cols);
+        return;
+    }
+    softmax_looped_kernel<T, WARP, VEC><<<static_cast<unsigned>(rows), kMaxBlockThreads, 0, stream>>>(x, y, cols);
+}
+
+template <typename T, int WARP>
+void launch_softmax_any(const T* x, T* y, int64_t rows, int64_t cols, Stream stream) {
+    constexpr int V = kVecBytes / sizeof(T);
+    if (cols % V == 0 && aligned16(x) && aligned16(y))
+        launch_softmax<T, WARP, true>(x, y, rows, cols, stream);
+    else
+        launch_softmax<T, WARP, false>(x, y, rows, cols, stream);
+}
+
+// The warp widths this build's kernels are instantiated for: 32 everywhere, 64 on AMD (CDNA).
+template <typename T>
+bool launch_softmax_for_warp(const T* x, T* y, int64_t rows, int64_t cols, int warp, Stream stream) {
+#if defined(GPULAB_ROCM)
+    if (warp == 64) {
+        launch_softmax_any<T, 64>(x, y, rows, cols, stream);
+        return true;
+    }
+#endif
+    if (warp != 32) return false;
+    launch_softmax_any<T, 32>(x, y, rows, cols, stream);
+    return true;
+}
+
+}  // namespace kernels
+}  // namespace gpulab

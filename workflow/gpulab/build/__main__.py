@@ -1,0 +1,37 @@
+"""Fresh-process helpers of the extension step (``python -m gpulab.build``), each printing one JSON line.
+
+``load --manifest M``: load the library the manifest names (the step's warm load);
+``case --manifest M --case NAME --device D``: one bad-input call (a crash kills only this process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpulab.build", description=__doc__)
+    parser.add_argument("command", choices=("load", "case"))
+    parser.add_argument("--manifest", type=Path, required=True)
+    parser.add_argument("--case", help="bad-input case name (gpulab.build.checks.BAD_CASES)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    import torch  # noqa: F401  (imported first: its import time is not the extension's load time)
+
+    from gpulab.build.checks import call_case
+    from gpulab.build.manifest import load_from_manifest
+
+    loaded = load_from_manifest(args.manifest)
+    if args.command == "load":
+        print(json.dumps(loaded.as_dict(), default=str))
+        return 0 if loaded.status != "failed" else 1
+    loaded.raise_for_status()
+    print(json.dumps(call_case(args.case, args.device)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
