@@ -9,13 +9,12 @@ from gpulab.cluster import apply_target_env  # noqa: E402
 apply_target_env(snakemake.config, snakemake.wildcards.target)
 
 from gpulab.bench.sizes import max_tensor_bytes  # noqa: E402
+from gpulab.build import load_from_manifest  # noqa: E402
 from gpulab.ceilings import CEILINGS, measure_ceilings  # noqa: E402
 from gpulab.device import detect  # noqa: E402
 from gpulab.env_capture import read_fingerprint  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 from gpulab.timing import TimingSettings  # noqa: E402
-
-from gpulab.build import load_from_manifest  # noqa: E402
 
 load_from_manifest(snakemake.input.extension)
 info = detect()
