@@ -249,6 +249,23 @@ def test_fast_stops_at_end_of_sequence(tiny):
     assert stopped == free[: free.index(stop_at) + 1]
 
 
+def test_a_failing_compilation_runs_eager_steps_and_says_why(tiny):
+    from gpulab.llm.fast import decode_one_token
+
+    fast = FastDecoder(tiny.model, 128, [], GraphSettings(compile=True, graphs=False))
+
+    def broken(*args: object) -> None:  # what an inductor or capture failure looks like to the engine
+        raise RuntimeError("inductor could not build the step")
+
+    fast.step_fn = broken
+    fast.prepare(Sampling.greedy())
+    assert fast.graphs.mode == "off: compile/capture failed (RuntimeError: inductor could not build the step)"
+    assert fast.step_fn is decode_one_token
+    ids = _chat_ids(tiny)[0]
+    eager = FastDecoder(tiny.model, 128, [], EAGER).generate(ids, 8, Sampling.greedy(), stop_at_eos=False)
+    assert fast.generate(ids, 8, Sampling.greedy(), stop_at_eos=False) == eager
+
+
 def test_fused_projections_are_views_transformers_still_uses(tiny):
     FastDecoder(tiny.model, 64, [], EAGER)
     attn = tiny.model.model.layers[0].self_attn
