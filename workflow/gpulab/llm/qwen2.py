@@ -164,8 +164,12 @@ def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, c
     q = rope(q.view(1, tokens, dims.n_heads, dims.head_dim).transpose(1, 2), cos, sin)
     k = rope(k.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2), cos, sin)
     v = v.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2)
-    cache_k[:, :, pos] = k
-    cache_v[:, :, pos] = v
+    if tokens == 1:  # a decode step: its position is a device tensor, so a captured graph replays every step
+        cache_k[:, :, pos] = k
+        cache_v[:, :, pos] = v
+    else:  # a prefill starts at position 0: a plain copy, not a scatter (index_put was a third of it on CPU)
+        cache_k[:, :, :tokens] = k
+        cache_v[:, :, :tokens] = v
     out = attend(q, k, v, cache_k, cache_v, pos).transpose(1, 2).reshape(1, tokens, -1)
     x = x + F.linear(out, w.wo)
     gate, up = F.linear(rms_norm(x, w.post_norm, dims.eps), w.w13).chunk(2, dim=-1)
