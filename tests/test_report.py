@@ -166,7 +166,7 @@ def test_llm_headline_is_decode_of_the_studys_model_not_prefill_or_the_tiny_mode
 
     def row(model, source, engine, test, tok_s, pct=math.nan, status="ok"):
         return {"target": "t", "fingerprint": "f", "status": status, "model": model, "model_source": source,
-                "engine": engine, "test": test, "tok_s": tok_s, "pct_of_copy_bw": pct}
+                "engine": engine, "test": test, "tok_s": tok_s, "pct_of_ceiling": pct}
 
     LLM.write([row("tiny", "tiny", "fast", "tg128", 900.0, 40.0), row("tiny", "tiny", "fast", "pp512", 9000.0)],
               tmp_path / "t/llm/tiny__fast.csv")

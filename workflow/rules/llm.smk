@@ -14,7 +14,7 @@ LLM_MEASURE = {
 
 wildcard_constraints:
     model="|".join(sorted(LLM_MODELS)),
-    engine="hf|fast",
+    engine="hf|fast|fast_exact",
 
 
 localrules:

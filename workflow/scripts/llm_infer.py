@@ -5,7 +5,7 @@ from gpulab.logs import to_log
 to_log(snakemake.log[0])
 
 from gpulab.cluster import apply_target_env  # noqa: E402
-from gpulab.llm.bench import apply_aotriton_env  # noqa: E402
+from gpulab.llm.probe import apply_aotriton_env  # noqa: E402
 
 # Both before PyTorch starts: the target's variables and the study's AOTriton switch change what it does.
 apply_target_env(snakemake.config, snakemake.wildcards.target)
@@ -13,23 +13,23 @@ print(f"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL={apply_aotriton_env(snakemake.pa
 
 from pathlib import Path  # noqa: E402
 
-from gpulab.ceilings import Ceilings  # noqa: E402
 from gpulab.env_capture import read_fingerprint  # noqa: E402
 from gpulab.llm.bench import run_llm  # noqa: E402
 from gpulab.llm.models import ResolvedModel, model_slug  # noqa: E402
+from gpulab.llm.roofline import read_ceiling  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 
 resolved = ResolvedModel.read(snakemake.input.model)
 assert model_slug(resolved.spec) == snakemake.wildcards.model, "model file does not belong to this job"
 engine = snakemake.wildcards.engine
 llm = snakemake.params.llm
-results = run_llm(
+rows = run_llm(
     resolved,
-    [engine],
+    engine,
     llm,
     target=snakemake.wildcards.target,
     fingerprint=read_fingerprint(snakemake.input.env),
-    copy_gbps=Ceilings.load(snakemake.input.ceilings).copy_gbps(llm["dtype"]),
+    ceiling=read_ceiling(snakemake.input.ceilings, llm["dtype"]),
     out_dir=Path(snakemake.output.csv).parent,
 )
-enforce_strict(results[engine], snakemake.params.strict, f"llm_infer {resolved.spec} {engine}")
+enforce_strict(rows, snakemake.params.strict, f"llm_infer {resolved.spec} {engine}")

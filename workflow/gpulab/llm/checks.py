@@ -1,0 +1,92 @@
+"""Correctness of the fast engines against transformers, before any of their times is trusted.
+
+- ``greedy<N>`` (``fast_exact``): its first N greedy tokens of the study's prompt equal ``generate``'s.
+- ``teacher<N>`` (``fast``): both engines run the same N-token sequence, its first half as a prefill and
+  the rest as decode steps fed the given tokens (transformers with its own cache, so rounding differences
+  of a prefill against decode steps are not counted against the engine). At every position its float32 logits must be
+  within ``‖Δ‖/‖ref‖ ≤ llm.teacher_tolerance`` of transformers', and its greedy token must equal
+  transformers' wherever transformers' top-2 gap exceeds twice the largest logit error there (beyond that
+  rounding cannot swap the two, so a different token is a wrong token choice, not rounding).
+
+A failure's reason names the worst position; the caller marks every row of the engine ``incorrect``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpulab.llm.engines import FastEngine, HfEngine
+from gpulab.llm.study import Sampling
+
+
+@dataclass(frozen=True)
+class Check:
+    test: str
+    ok: bool
+    reason: str
+    values: dict[str, Any]
+
+
+def greedy_identity(engine: FastEngine, hf: HfEngine, ids: torch.Tensor, n: int) -> tuple[Check, dict[str, Any]]:
+    """The engine's greedy tokens against ``generate``'s; the texts for the JSON file."""
+    reference = hf.generate(ids, n, Sampling.greedy(), stop_at_eos=False)
+    tokens = engine.generate(ids, n, Sampling.greedy(), stop_at_eos=False)
+    differ = [i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b]
+    first = differ[0] if differ else None
+    reason = ""
+    if differ:
+        reason = (f"greedy tokens differ from hf at token {first} ({engine.name} {tokens[first]} vs hf "
+                  f"{reference[first]}; {_reference_margin(hf, ids, reference[:first])}); times not trusted")
+    values = {"n_prompt": int(ids.shape[1]), "n_gen": n, "tokens_match": not differ, "first_mismatch": first}
+    texts = {"prompt_tokens": int(ids.shape[1]), "tokens": tokens, "hf_tokens": reference}
+    return Check(f"greedy{n}", not differ, reason, values), texts
+
+
+def _reference_margin(hf: HfEngine, prompt_ids: torch.Tensor, prefix: list[int]) -> str:
+    """How close transformers' own choice was at a mismatch: its top-2 logit gap against bf16's spacing."""
+    ids = torch.cat([prompt_ids, prompt_ids.new_tensor([prefix])], dim=1) if prefix else prompt_ids
+    top = hf.logits(ids[0])[-1].topk(2).values
+    spacing = 2.0 ** (math.floor(math.log2(abs(float(top[0])) or 1.0)) - 7)
+    return f"hf's top-2 logit gap there {float(top[0] - top[1]):.4g}, bf16 spacing {spacing:.4g}"
+
+
+def compare_logits(logits: torch.Tensor, chosen: torch.Tensor, reference: torch.Tensor, tolerance: float
+                   ) -> tuple[bool, str, dict[str, Any]]:
+    """Teacher-forcing verdict from the engine's logits and choices against the reference logits (T, V)."""
+    delta = logits.float() - reference.float()
+    rel = (delta.norm(dim=-1) / reference.norm(dim=-1)).double()
+    worst = int(rel.argmax())
+    top = reference.topk(2, dim=-1).values
+    decisive = (top[:, 0] - top[:, 1]) > 2 * delta.abs().amax(dim=-1)
+    wrong = (decisive & (chosen != reference.argmax(-1))).nonzero().flatten().tolist()
+    values = {"logit_rel_err": float(rel.max()), "worst_position": worst, "tokens_match": not wrong,
+              "first_mismatch": wrong[0] if wrong else None, "n_gen": int(reference.shape[0])}
+    if float(rel.max()) > tolerance:
+        return False, (f"teacher forcing: logits at position {worst} differ from transformers' by "
+                       f"‖Δ‖/‖ref‖ = {float(rel.max()):.3g} > {tolerance:g}; times not trusted"), values
+    if wrong:
+        p = wrong[0]
+        return False, (f"teacher forcing: greedy token at position {p} is {int(chosen[p])}, transformers' "
+                       f"{int(reference[p].argmax())}, with a top-2 gap beyond the logit error; times not trusted"), \
+            values
+    return True, "", values
+
+
+def teacher_forcing(engine: FastEngine, hf: HfEngine, ids: torch.Tensor, tolerance: float) -> Check:
+    """Teacher forcing of the 1-D sequence ``ids``: half prefill, half decode steps. The row also carries
+    transformers' disagreement with itself (its incremental run against one forward pass): the rounding
+    noise floor of this model, which random weights amplify."""
+    split = max(1, int(ids.numel()) // 2)
+    reference = hf.logits(ids, split).cpu()
+    full = hf.logits(ids).cpu()
+    logits, chosen = engine.decoder.teacher(ids, split)
+    ok, reason, values = compare_logits(logits, chosen, reference, tolerance)
+    values["ref_self_err"] = float(((reference - full).norm(dim=-1) / full.norm(dim=-1)).max())
+    if not ok:
+        reason = reason.replace("; times not trusted", f" (transformers against itself: "
+                                f"{values['ref_self_err']:.3g}); times not trusted")
+    return Check(f"teacher{int(ids.numel())}", ok, reason, values)

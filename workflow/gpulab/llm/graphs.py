@@ -1,0 +1,119 @@
+"""Device graphs of a decode step, with the one fall-back that was needed in practice: eager steps.
+
+A step is a list of segments run in order, with optional eager work between them (engine ``fast``: one
+segment, so the whole step is one graph; ``fast_exact``: one segment per layer, transformers' attention
+between them). Each segment is captured once per sampling setting after two warm-up steps on a side stream
+(compilation, autotuning and library handles happen there). HIP graphs have replay bugs on some ROCm
+releases, so graphs are a config switch (``llm.graphs``), and a failing compilation or capture makes the
+engine run eager steps, the reason kept in :attr:`Graphs.note` and recorded on every row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+WARM_STEPS = 2
+
+
+@dataclass(frozen=True)
+class GraphSettings:
+    compile: bool
+    graphs: bool
+
+    @classmethod
+    def resolve(cls, cfg: dict[str, Any], gpu: bool) -> GraphSettings:
+        compile_ = gpu if cfg["compile"] == "auto" else bool(cfg["compile"])
+        return cls(compile_, gpu and cfg["graphs"] == "auto")
+
+
+class Graphs:
+    """Runs a step's segments, replaying their captured graphs when enabled.
+
+    ``segments(sampling)`` gives the step's callables; the last one's return value is the step's output.
+    ``between(i)`` runs eagerly after segment ``i`` (all but the last). ``snapshot``/``restore`` save and put
+    back the sequence state around the warm-up steps. ``fallback()`` switches the engine to eager functions.
+    """
+
+    def __init__(self, settings: GraphSettings, device: torch.device, segments: Callable[[Any], Sequence[Callable]],
+                 between: Callable[[int], None], snapshot: Callable[[], Any], restore: Callable[[Any], None],
+                 fallback: Callable[[], None], describe: str) -> None:
+        self.settings = settings
+        self.enabled = settings.graphs and device.type == "cuda"
+        self.segments, self.between, self.snapshot, self.restore = segments, between, snapshot, restore
+        self.fallback = fallback
+        self.captured: dict[Any, tuple[list[torch.cuda.CUDAGraph], Any]] = {}
+        self.warmed: set[Any] = set()
+        self.pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        self.note = ""
+        self.mode = describe if self.enabled else "off (llm.graphs: off, or no GPU)"
+
+    def eager(self, sampling: Any) -> Any:
+        segments = self.segments(sampling)
+        out = None
+        for i, segment in enumerate(segments):
+            out = segment()
+            if i < len(segments) - 1:
+                self.between(i)
+        return out
+
+    def _warm(self, sampling: Any) -> None:
+        saved = self.snapshot()
+        if self.enabled:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(WARM_STEPS):
+                    self.eager(sampling)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+        else:
+            for _ in range(WARM_STEPS):
+                self.eager(sampling)
+        self.restore(saved)
+
+    def _capture(self, sampling: Any) -> tuple[list[torch.cuda.CUDAGraph], Any]:
+        graphs, out = [], None
+        for segment in self.segments(sampling):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = segment()
+            graphs.append(graph)
+        torch.cuda.synchronize()
+        return graphs, out
+
+    @torch.no_grad()
+    def prepare(self, sampling: Any) -> None:
+        """Compile and capture for ``sampling`` now, so no measured call pays for it."""
+        if sampling in self.warmed or not (self.enabled or self.settings.compile):
+            return
+        try:
+            self._warm(sampling)
+            if self.enabled:
+                self.captured[sampling] = self._capture(sampling)
+        except Exception as exc:  # an inductor, Triton or capture failure must not lose the measurement
+            self.note = f"compile/capture failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
+            log.warning("%s; running eager steps", self.note)
+            if self.enabled:
+                torch.cuda.synchronize()
+            self.enabled, self.captured = False, {}
+            self.mode = f"off: {self.note}"
+            self.fallback()
+        self.warmed.add(sampling)
+
+    def run(self, sampling: Any) -> Any:
+        self.prepare(sampling)
+        if not self.enabled:
+            return self.eager(sampling)
+        graphs, out = self.captured[sampling]
+        for i, graph in enumerate(graphs):
+            graph.replay()
+            if i < len(graphs) - 1:
+                self.between(i)
+        return out

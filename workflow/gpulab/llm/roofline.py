@@ -1,0 +1,67 @@
+"""What a decode step must read, and the bandwidth it is placed against.
+
+A decode step reads every weight once except the input embedding table, of which it reads one row per
+token: ``bytes_per_token`` = all parameters − the input embedding table (+ the lm_head, counted once; a
+table tied to the lm_head is read whole by the head, so it stays) + the KV cache read at the mean context
+length of the test. The ceiling is the measured read-only bandwidth (``bench/ceilings.csv``, pattern
+``read``); a ceilings table without it falls back to the copy ceiling, said so in ``ceiling_pattern``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+READ = "read"
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of all parameters (``parameters()`` yields a tied table once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def weight_bytes_read(model: Any) -> int:
+    """Bytes of the parameters a decode step reads: all but the input embedding table, unless it is tied
+    to the lm_head (then the head reads it whole)."""
+    embed = model.get_input_embeddings().weight
+    tied = embed.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    return weight_bytes(model) - (0 if tied else embed.numel() * embed.element_size())
+
+
+def kv_bytes_per_position(config: Any, itemsize: int) -> int:
+    """K and V of one position in every layer."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * itemsize
+
+
+def bytes_per_token(model: Any, mean_context: float) -> int:
+    itemsize = model.lm_head.weight.element_size()
+    return int(weight_bytes_read(model) + kv_bytes_per_position(model.config, itemsize) * mean_context)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    gbps: float
+    pattern: str  # read, or what stood in for it and why
+
+
+def _rows(table: Any, pattern: str, dtype: str) -> Any:
+    column = "pattern" if "pattern" in table.columns else "kind"
+    hit = table[(table[column] == pattern) & (table["status"] == "ok")]
+    same = hit[hit["dtype"] == dtype] if "dtype" in hit.columns else hit
+    return same if not same.empty else hit
+
+
+def read_ceiling(path: str | Path | None, dtype: str) -> Ceiling:
+    """The read-only bandwidth of ``dtype`` at the largest measured size; the copy ceiling if absent."""
+    if not path:
+        return Ceiling(math.nan, "none (no ceilings given)")
+    from gpulab.ceilings import Ceilings
+
+    ceilings = Ceilings.load(path)
+    rows = _rows(ceilings.table, READ, dtype)
+    if not rows.empty:
+        return Ceiling(float(rows.sort_values("size")["gbps"].iloc[-1]), READ)
+    return Ceiling(ceilings.copy_gbps(dtype), "copy (ceilings.csv has no read-only row)")
