@@ -47,13 +47,6 @@ class Ceiling:
     pattern: str  # read, or what stood in for it and why
 
 
-def _rows(table: Any, pattern: str, dtype: str) -> Any:
-    column = "pattern" if "pattern" in table.columns else "kind"
-    hit = table[(table[column] == pattern) & (table["status"] == "ok")]
-    same = hit[hit["dtype"] == dtype] if "dtype" in hit.columns else hit
-    return same if not same.empty else hit
-
-
 def read_ceiling(path: str | Path | None, dtype: str) -> Ceiling:
     """The read-only bandwidth of ``dtype`` at the largest measured size; the copy ceiling if absent."""
     if not path:
@@ -61,7 +54,7 @@ def read_ceiling(path: str | Path | None, dtype: str) -> Ceiling:
     from gpulab.ceilings import Ceilings
 
     ceilings = Ceilings.load(path)
-    rows = _rows(ceilings.table, READ, dtype)
-    if not rows.empty:
-        return Ceiling(float(rows.sort_values("size")["gbps"].iloc[-1]), READ)
+    read = ceilings.read_gbps(dtype)
+    if not math.isnan(read):
+        return Ceiling(read, READ)
     return Ceiling(ceilings.copy_gbps(dtype), "copy (ceilings.csv has no read-only row)")
