@@ -19,7 +19,7 @@ from gpulab.paths import REPO_ROOT
 
 # The HIP translation units compiled for every AMD architecture (paths relative to the repository).
 # Add a file here and it is compiled and tabled; its directory's headers are part of its cache key.
-HIP_SOURCES = ("kernels/hip/vector_add.hip",)
+HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/ext/ops_kernels_hip.hip")
 HIPCC_FLAGS = ("-O3", "-std=c++17", "--cuda-device-only", "-S")
 OPS = ("softmax", "gelu", "add")  # the benchmark op a kernel belongs to, found in its name
 DTYPES = (("bfloat16", "bf16"), ("__half", "fp16"), ("half", "fp16"), ("c10::Half", "fp16"), ("float", "fp32"))
