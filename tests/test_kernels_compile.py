@@ -18,7 +18,7 @@ from gpulab.kernel_compile import KERNEL_RESOURCES  # noqa: E402
 from gpulab.kernel_compile.archs import ARCHS, arch, occupancy, warps_per_simd_by_registers  # noqa: E402
 from gpulab.kernel_compile.job import vector_elements  # noqa: E402
 from gpulab.kernel_compile.resources import amdgcn_kernels, elf_section_size, ptxas_resources  # noqa: E402
-from gpulab.kernel_compile.triton_aot import compile_launch, gpu_target, private_triton_cache  # noqa: E402
+from gpulab.kernel_compile.triton_aot import compile_cached, compile_launch, gpu_target, private_triton_cache  # noqa: E402
 from gpulab.kernels.triton import config as triton_config  # noqa: E402
 from gpulab.kernels.triton.config import Target  # noqa: E402
 from gpulab.kernels.triton.launches import DTYPES, Launch, launches  # noqa: E402
@@ -154,6 +154,10 @@ def test_a_kernel_that_does_not_compile_is_a_failed_row_with_the_compilers_messa
         assert "power of 2" in row["reason"] and "CompilationError" in row["reason"], row["reason"]
     frame = KERNEL_RESOURCES.frame([{"target": "t", "fingerprint": "f", "arch": "sm_80", **row}])
     assert frame["registers"].isna().all()
+    with private_triton_cache():
+        again = compile_cached(launch, arch("sm_80"), tmp_path / "cache")
+    assert again["status"] == "failed" and not again["cached"]
+    assert not list((tmp_path / "cache").rglob("*.json"))  # failures are not cached: the next run compiles again
 
 
 def test_parsers_read_the_compilers_resource_notes():
