@@ -247,3 +247,15 @@ def test_launched_kernels_use_the_registers_the_table_records():
         compiled = launch.kernel[(1,)](*_args_for(launch, "cuda"), **launch.constexprs, num_warps=launch.num_warps)
         assert row["status"] == "ok", row.get("reason")
         assert (compiled.n_regs, compiled.n_spills > 0) == (row["registers"], row["spilled_regs"] > 0), launch.variant
+
+
+def test_aggregate_concatenates_arch_tables_and_keeps_integer_columns(tmp_path):
+    from gpulab.kernel_compile import aggregate
+
+    ok = {"target": "t", "fingerprint": "f", "status": "ok", "arch": "sm_90", "kernel": "k", "registers": 40}
+    skipped = {"target": "t", "fingerprint": "f", "status": "skipped", "arch": "gfx1151", "reason": "no hipcc"}
+    KERNEL_RESOURCES.write([ok], tmp_path / "sm_90.csv")
+    KERNEL_RESOURCES.write([skipped], tmp_path / "gfx1151.csv")
+    table = aggregate([tmp_path / "sm_90.csv", tmp_path / "gfx1151.csv"])
+    assert list(table["arch"]) == ["sm_90", "gfx1151"] and list(table.columns) == KERNEL_RESOURCES.names
+    assert str(table["registers"].dtype) == "Int64" and table.to_csv(index=False).count(",40,") == 1
