@@ -18,7 +18,7 @@ from gpulab.kernel_compile import KERNEL_RESOURCES  # noqa: E402
 from gpulab.kernel_compile.archs import ARCHS, arch, occupancy, warps_per_simd_by_registers  # noqa: E402
 from gpulab.kernel_compile.job import vector_elements  # noqa: E402
 from gpulab.kernel_compile.resources import amdgcn_kernels, elf_section_size, ptxas_resources  # noqa: E402
-from gpulab.kernel_compile.triton_aot import compile_launch, gpu_target, private_triton_cache  # noqa: E402
+from gpulab.kernel_compile.triton_aot import compile_cached, compile_launch, gpu_target, private_triton_cache  # noqa: E402
 from gpulab.kernels.triton import config as triton_config  # noqa: E402
 from gpulab.kernels.triton.config import Target  # noqa: E402
 from gpulab.kernels.triton.launches import DTYPES, Launch, launches  # noqa: E402
@@ -154,6 +154,10 @@ def test_a_kernel_that_does_not_compile_is_a_failed_row_with_the_compilers_messa
         assert "power of 2" in row["reason"] and "CompilationError" in row["reason"], row["reason"]
     frame = KERNEL_RESOURCES.frame([{"target": "t", "fingerprint": "f", "arch": "sm_80", **row}])
     assert frame["registers"].isna().all()
+    with private_triton_cache():
+        again = compile_cached(launch, arch("sm_80"), tmp_path / "cache")
+    assert again["status"] == "failed" and not again["cached"]
+    assert not list((tmp_path / "cache").rglob("*.json"))  # failures are not cached: the next run compiles again
 
 
 def test_parsers_read_the_compilers_resource_notes():
@@ -243,3 +247,15 @@ def test_launched_kernels_use_the_registers_the_table_records():
         compiled = launch.kernel[(1,)](*_args_for(launch, "cuda"), **launch.constexprs, num_warps=launch.num_warps)
         assert row["status"] == "ok", row.get("reason")
         assert (compiled.n_regs, compiled.n_spills > 0) == (row["registers"], row["spilled_regs"] > 0), launch.variant
+
+
+def test_aggregate_concatenates_arch_tables_and_keeps_integer_columns(tmp_path):
+    from gpulab.kernel_compile import aggregate
+
+    ok = {"target": "t", "fingerprint": "f", "status": "ok", "arch": "sm_90", "kernel": "k", "registers": 40}
+    skipped = {"target": "t", "fingerprint": "f", "status": "skipped", "arch": "gfx1151", "reason": "no hipcc"}
+    KERNEL_RESOURCES.write([ok], tmp_path / "sm_90.csv")
+    KERNEL_RESOURCES.write([skipped], tmp_path / "gfx1151.csv")
+    table = aggregate([tmp_path / "sm_90.csv", tmp_path / "gfx1151.csv"])
+    assert list(table["arch"]) == ["sm_90", "gfx1151"] and list(table.columns) == KERNEL_RESOURCES.names
+    assert str(table["registers"].dtype) == "Int64" and table.to_csv(index=False).count(",40,") == 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
@@ -14,6 +15,10 @@ from .config import (
     needs_64bit_offsets,
     quick_bench,
 )
+
+# torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
+if TYPE_CHECKING:
+    import torch
 
 
 @triton.autotune(configs=elementwise_configs(), key=["n_elements"], prune_configs_by=ELEMENTWISE_PRUNE,
@@ -43,7 +48,7 @@ def add(
         raise ValueError(f"add: shapes/dtypes differ ({tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype})")
     if not (x.is_contiguous() and y.is_contiguous()):
         raise ValueError("add: inputs must be contiguous")
-    output = torch.empty_like(x) if out is None else out
+    output = x.new_empty(x.shape) if out is None else out
     if output.shape != x.shape or output.dtype != x.dtype or not output.is_contiguous():
         raise ValueError(f"add: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     n_elements = output.numel()

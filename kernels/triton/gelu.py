@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
@@ -14,6 +15,10 @@ from .config import (
     needs_64bit_offsets,
     quick_bench,
 )
+
+# torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
+if TYPE_CHECKING:
+    import torch
 
 
 @triton.autotune(configs=elementwise_configs(), key=["n_elements"], prune_configs_by=ELEMENTWISE_PRUNE,
@@ -43,7 +48,7 @@ def gelu(
     """
     if not x.is_contiguous():
         raise ValueError("gelu: x must be contiguous")
-    y = torch.empty_like(x) if out is None else out
+    y = x.new_empty(x.shape) if out is None else out
     if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
         raise ValueError(f"gelu: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     n_elements = x.numel()

@@ -76,6 +76,8 @@ def _compare(args: argparse.Namespace, command: str) -> int:
 
 def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None) -> int:
     """Print the per-cell verdict counts; with ``--fail-on regression``, exit 1 on any regression."""
+    from rich.markup import escape
+
     from gpulab.report.compare import compare_runs, regressions
     from gpulab.report.results import ResultsIndex
 
@@ -86,8 +88,9 @@ def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None)
     for row in bad.to_dict("records"):
         keys = ", ".join(f"{k}={row[k]}" for k in ("op", "impl", "size", "dtype", "variant", "model", "engine")
                          if k in row and row[k] == row[k])
-        console.print(f"[red]{row['verdict']}[/] {row['target']} {row['artifact']} [{keys}] "
-                      f"{row['change_pct']:+.1f}% {row.get('note') or ''}")
+        change = f"{row['change_pct']:+.1f}%" if row["change_pct"] == row["change_pct"] else ""
+        console.print(f"[red]{row['verdict']}[/] {row['target']} {row['artifact']} {escape(f'[{keys}]')} {change} "
+                      f"{escape(str(row.get('note') or ''))}")
     if fail_on == "regression" and not bad.empty:
         console.print(f"[red]gpulab compare: {len(bad)} regression(s) (--fail-on regression)[/]")
         return 1

@@ -2,14 +2,12 @@ import glob
 import os
 
 from gpulab.kernel_compile.archs import ARCHS
-from gpulab.kernel_compile.hipcc import HIP_SOURCES
+from gpulab.kernel_compile.hipcc import hip_inputs
 
 # Every source a compile depends on is an input: editing a kernel reruns the architectures' jobs (and
 # the cache of compiled outcomes, keyed by source, recompiles just what changed).
 KERNEL_COMPILE_SOURCES = sorted(
-    glob.glob(os.path.join(workflow.basedir, "kernels", "triton", "*.py"))
-    + [os.path.join(workflow.basedir, s) for s in HIP_SOURCES]
-    + glob.glob(os.path.join(workflow.basedir, "kernels", "hip", "*.h"))
+    glob.glob(os.path.join(workflow.basedir, "kernels", "triton", "*.py")) + hip_inputs()
 )
 
 

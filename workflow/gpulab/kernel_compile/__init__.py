@@ -50,9 +50,13 @@ KERNEL_RESOURCES = TableSchema(
 
 
 def aggregate(paths: Sequence[str | Path]) -> pd.DataFrame:
-    """Per-arch tables concatenated, in the order given."""
+    """Per-arch tables concatenated, in the order given, with the schema's column types (CSV reading
+    turns integer columns with empty cells into floats)."""
     frames = [KERNEL_RESOURCES.read(p) for p in paths]
-    return pd.concat(frames, ignore_index=True) if frames else KERNEL_RESOURCES.frame([])
+    if not frames:
+        return KERNEL_RESOURCES.frame([])
+    table = pd.concat(frames, ignore_index=True)[KERNEL_RESOURCES.names]
+    return KERNEL_RESOURCES.frame(table.astype(object).where(table.notna(), None).to_dict("records"))
 
 
 def rows_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:

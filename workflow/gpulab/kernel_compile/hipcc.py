@@ -30,6 +30,16 @@ def hip_sources() -> list[Path]:
     return [REPO_ROOT / s for s in HIP_SOURCES]
 
 
+def _with_headers(source: Path) -> list[Path]:
+    """The source and the headers beside it: what its compile (and cache key) depends on."""
+    return sorted({source, *source.parent.glob("*.h"), *source.parent.glob("*.cuh")})
+
+
+def hip_inputs() -> list[str]:
+    """Every file the HIP compiles read, for the rule's input."""
+    return sorted({str(p) for source in hip_sources() for p in _with_headers(source)})
+
+
 def hipcc_version(hipcc: str) -> str:
     out = subprocess.run([hipcc, "--version"], capture_output=True, text=True, check=False, env=_env()).stdout
     match = re.search(r"clang version (\S+)", out)
@@ -43,7 +53,7 @@ def _env() -> dict[str, str]:
 
 def _digest(source: Path, a: Arch, compiler: str) -> str:
     h = hashlib.sha256(json.dumps([compiler, a.name, HIPCC_FLAGS]).encode())
-    for path in sorted([source, *source.parent.glob("*.h"), *source.parent.glob("*.cuh")]):
+    for path in _with_headers(source):
         h.update(path.name.encode() + path.read_bytes())
     return h.hexdigest()[:24]
 
@@ -59,8 +69,11 @@ def compile_source(source: Path, a: Arch, cache_dir: Path) -> list[dict[str, Any
     if path.is_file():
         return [{**row, "cached": True} for row in json.loads(path.read_text())]
     rows = [{**base, **row, "compiler": compiler, "cached": False} for row in _compile(hipcc, source, a)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([{k: v for k, v in r.items() if k != "cached"} for r in rows]))
+    if all(r["status"] != "failed" for r in rows):  # a failure may be passing trouble: compile again next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([{k: v for k, v in r.items() if k != "cached"} for r in rows]))
+        tmp.replace(path)
     return rows
 
 

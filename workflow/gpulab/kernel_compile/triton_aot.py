@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -108,8 +109,9 @@ def compile_cached(launch: Any, a: Arch, cache_dir: Path) -> dict[str, Any]:
     if path.is_file():
         return {**json.loads(path.read_text()), "cached": True}
     row = compile_launch(launch, a)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(row))
-    tmp.replace(path)
+    if row["status"] == "ok":  # a failure is compiled again next time, with the compiler's message fresh
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(row))
+        tmp.replace(path)
     return {**row, "cached": False}

@@ -153,6 +153,12 @@ def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     return frame, paths
 
 
+def _path_summary(times: pd.DataFrame, path: list[str]) -> dict[str, Any]:
+    """The critical path's steps and wall time, against the wall time of all steps of the target."""
+    return {"steps": path, "seconds": float(times[times["step"].isin(path)]["wall (s)"].sum()),
+            "total": float(times["wall (s)"].sum())}
+
+
 def step_params(ctx: Any) -> pd.DataFrame:
     """Each job's params as it ran (extended benchmark records): the configuration every step really used."""
     rows = [{"target": t, "step": r["job"], "params hash": _params_hash(r["params"]),
@@ -186,10 +192,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "provenance": provenance,
         "page_hash": page_hash,
         "step_times": times,
-        "critical_paths": {t: {"steps": p, "seconds": float(times[(times["target"] == t)
-                                                                   & times["step"].isin(p)]["wall (s)"].sum()),
-                               "total": float(times[times["target"] == t]["wall (s)"].sum())}
-                           for t, p in paths.items() if p},
+        "critical_paths": {t: _path_summary(times[times["target"] == t], p) for t, p in paths.items() if p},
         "rule_outputs_known": bool((ctx.config.get("_workflow") or {}).get("rule_outputs")),
         "step_params": step_params(ctx),
         "config": config,
