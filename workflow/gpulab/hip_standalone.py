@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab.build.plan import default_cache_root
 from gpulab.device import DeviceInfo, detect, offload_archs
 from gpulab.env_capture import ToolResult, run_tool
-from gpulab.paths import KERNELS_DIR
+from gpulab.paths import KERNELS_DIR, default_cache_root
 from gpulab.tables import Column, TableSchema, write_atomic
 from gpulab.timing import TimingSettings, summarize
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -16,3 +17,11 @@ DEFAULT_CONFIG = REPO_ROOT / "config.yaml"
 def target_dir(results_dir: str | Path, target: str) -> Path:
     """``results/<target>``: every artifact of one machine class lives below it."""
     return Path(results_dir) / target
+
+
+CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
+
+
+def default_cache_root() -> Path:
+    """The workflow's own cache, ``.cache/`` in the checkout (git-ignored), unless $GPULAB_CACHE_DIR says."""
+    return Path(os.environ.get(CACHE_ENV) or REPO_ROOT / ".cache")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpulab.device import DeviceInfo, detect, offload_archs
 from gpulab.env_capture import run_tool
-from gpulab.paths import KERNELS_DIR, REPO_ROOT
+from gpulab.paths import KERNELS_DIR, default_cache_root
 
 SOURCE_DIR = KERNELS_DIR / "ext"
 CPU_SOURCES = ("ops.cpp",)
@@ -31,12 +31,6 @@ HEADERS = ("ops_common.h", "ops_kernels.cuh")
 DEFAULT_EXTRA_CFLAGS = ("-O3",)
 # The host unit registers its GPU entry points only in GPU builds (ops.cpp).
 GPU_HOST_DEFINE = "-DGPULAB_WITH_CUDA"
-CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
-
-
-def default_cache_root() -> Path:
-    """The workflow's own cache, ``.cache/`` in the checkout (git-ignored), unless $GPULAB_CACHE_DIR says."""
-    return Path(os.environ.get(CACHE_ENV) or REPO_ROOT / ".cache")
 
 
 @dataclass(frozen=True)

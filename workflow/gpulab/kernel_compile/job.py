@@ -15,7 +15,7 @@ from gpulab.paths import REPO_ROOT
 
 
 def default_cache_dir() -> Path:
-    from gpulab.extension import default_cache_root
+    from gpulab.paths import default_cache_root
 
     return default_cache_root() / "kernel_compile"
 
