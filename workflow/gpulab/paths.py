@@ -12,13 +12,6 @@ SCHEMA_DIR = WORKFLOW_DIR / "schemas"
 CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
 KERNELS_DIR = REPO_ROOT / "kernels"
 DEFAULT_CONFIG = REPO_ROOT / "config.yaml"
-
-
-def target_dir(results_dir: str | Path, target: str) -> Path:
-    """``results/<target>``: every artifact of one machine class lives below it."""
-    return Path(results_dir) / target
-
-
 CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
 
 

@@ -64,9 +64,6 @@ def kernels_of(wildcards):
     return _from_workdir(kernel_sources(wildcards.impl, wildcards.op))
 
 
-def env_json(wildcards):
-    return f"{RESULTS}/{wildcards.target}/env/env.json"
-
 
 # `resources: **gpu_resources` in each step whose jobs run on a target's device. Through
 # the Slurm profile each job asks for its target's partition, GPUs, time and memory (gpulab.cluster);

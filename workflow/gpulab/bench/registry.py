@@ -98,9 +98,6 @@ class Registry:
     def impls(self, op: str) -> list[str]:
         return [name for (o, name) in self._impls if o == op]
 
-    def ops(self) -> list[str]:
-        return sorted({o for (o, _) in self._impls})
-
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._impls
 
