@@ -356,7 +356,7 @@ def test_read_only_ceiling_is_used_and_the_copy_ceiling_stands_in_with_a_note(tm
 
     def row(kind: str, gbps: float, size: int = 2**30) -> dict:
         return {"target": "t", "fingerprint": "f", "status": "ok", "kind": kind, "dtype": "bf16", "size": size,
-                "gbps": gbps}
+                "tensor_bytes": size, "method": "torch", "best": True, "gbps": gbps, "p10_ms": 1.0, "p90_ms": 1.0}
 
     CEILINGS.write([row("copy", 3000.0)], tmp_path / "copy.csv")
     assert read_ceiling(tmp_path / "copy.csv", "bf16") == Ceiling(3000.0, "copy (ceilings.csv has no read-only row)")

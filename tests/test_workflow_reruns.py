@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from gpulab.kernel_compile.archs import ARCHS
 
 pytestmark = pytest.mark.slow
 
@@ -110,9 +111,13 @@ def test_editing_a_triton_kernel_reruns_that_cell_its_aggregate_and_the_report(d
     kernel = work / "kernels/triton/gelu.py"
     kernel.write_text(kernel.read_text() + "\n# edited\n")
     proc = dry_run(work)
-    assert planned_jobs(proc) == {"bench_cell": 1, "bench_aggregate": 1, "report_render": 1, "all": 1}
+    # The ahead-of-time compile of every Triton kernel (one job per architecture) reads the kernel too.
+    archs = len(ARCHS)
+    assert planned_jobs(proc) == {"bench_cell": 1, "bench_aggregate": 1, "kernels_compile": archs,
+                                  "kernels_aggregate": 1, "report_render": 1, "all": 1}
     assert planned_outputs(proc) == {"results/local/bench/cells/gelu__triton.csv", "results/local/bench/gelu.csv",
-                                     "reports/report.html"}
+                                     "reports/report.html", "results/local/build/kernel_resources.csv",
+                                     *(f"results/local/build/kernels/{arch}.csv" for arch in ARCHS)}
 
 
 def test_changing_llm_engines_reruns_no_bench_or_mlp_job(done):

@@ -196,31 +196,29 @@ def fit_cpu_matmul(n: int, dtype: Any, probe_s: float = CPU_MATMUL_PROBE_S) -> i
     return n
 
 
-def matmul_shapes(mlp_config: Mapping[str, Any] | None, info: DeviceInfo, dtype: Any,
-                  square: int | None = None) -> list[tuple[int, int, int]]:
-    """(M, N, K) of the matmul ceiling: squares (``square``, else 4096 and 8192 on a GPU, the largest fast
-    one up to 1024 on CPU) and the MLP's GEMMs: forward and input gradient (B x D x D), weight gradient
-    (D x D x B)."""
-    from gpulab.mlp.model import resolve_shape
+Gemm = tuple[int, int, int]
 
+
+def matmul_shapes(gemms: Sequence[Gemm], info: DeviceInfo, dtype: Any, square: int | None = None) -> list[Gemm]:
+    """(M, N, K) of the matmul ceiling: squares (``square``, else 4096 and 8192 on a GPU, the largest fast
+    one up to 1024 on CPU) and the workload's own GEMMs (``gemms``: the MLP's, from
+    :func:`gpulab.mlp.model.gemm_shapes`)."""
     if square is not None:
         sides: tuple[int, ...] = (square,)
     else:
         sides = SQUARE_SIDES if info.gpu_available else (fit_cpu_matmul(CPU_SIDE, dtype),)
-    shapes = [(n, n, n) for n in sides]
-    mlp = resolve_shape(mlp_config or {}, info)
-    shapes += [(mlp.batch, mlp.dim, mlp.dim), (mlp.dim, mlp.dim, mlp.batch)]
+    shapes = [(n, n, n) for n in sides] + [tuple(g) for g in gemms]
     return list(dict.fromkeys(shapes))
 
 
-def measure_matmul(modes: Sequence[str], mlp_config: Mapping[str, Any] | None, timing: TimingSettings,
+def measure_matmul(modes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings,
                    info: DeviceInfo, square: int | None = None) -> list[dict[str, Any]]:
     import torch
 
     rows = []
     for mode in modes:
         dtype = torch_dtype("fp32" if mode == "tf32" else mode)
-        for m, n, k in matmul_shapes(mlp_config, info, dtype, square):
+        for m, n, k in matmul_shapes(gemms, info, dtype, square):
             a = torch.randn(m, k, device=info.torch_device, dtype=dtype)
             b = torch.randn(k, n, device=info.torch_device, dtype=dtype)
             previous = torch.backends.cuda.matmul.allow_tf32
@@ -252,7 +250,7 @@ def measure_ceilings(
     target: str,
     fingerprint: str,
     max_tensor_bytes: int | None = None,
-    mlp_config: Mapping[str, Any] | None = None,
+    gemms: Sequence[Gemm] = (),
     device: DeviceInfo | None = None,
 ) -> list[dict[str, Any]]:
     """Every ceiling row of one target (the rule bench_ceilings)."""
@@ -274,7 +272,7 @@ def measure_ceilings(
     # TF32 is a CUDA-only matmul mode (ROCm has none); measured so tf32 variants have a ceiling.
     modes = [*dtypes, "tf32"] if info.backend == "cuda" and "fp32" in dtypes else dtypes
     square = config.get("matmul_n", "auto")
-    rows += measure_matmul(modes, mlp_config, timing, info, None if square == "auto" else int(square))
+    rows += measure_matmul(modes, gemms, timing, info, None if square == "auto" else int(square))
     return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
 
 

@@ -1,14 +1,8 @@
-import glob
-import os
-
 from gpulab.kernel_compile.archs import ARCHS
-from gpulab.kernel_compile.hipcc import hip_inputs
 
-# Every source a compile depends on is an input: editing a kernel reruns the architectures' jobs (and
-# the cache of compiled outcomes, keyed by source, recompiles just what changed).
-KERNEL_COMPILE_SOURCES = sorted(
-    glob.glob(os.path.join(workflow.basedir, "kernels", "triton", "*.py")) + hip_inputs()
-)
+# Every source a compile depends on is an input (`sources`: the Triton kernels, the HIP sources and their
+# headers): editing a kernel reruns the architectures' jobs, and the cache of compiled outcomes, keyed by
+# source, recompiles just what changed.
 
 
 wildcard_constraints:
@@ -17,12 +11,14 @@ wildcard_constraints:
 
 rule kernels_compile:
     input:
-        src=KERNEL_COMPILE_SOURCES,
+        src=sources("kernels_compile.py"),
         env=result("env/env.json"),
     output:
         result("build/kernels/{arch}.csv"),
     log:
         log_of("kernels_compile_{arch}"),
+    benchmark:
+        benchmark_of("kernels_compile_{arch}")
     conda:
         CONDA_ENV
     params:
@@ -35,7 +31,8 @@ rule kernels_compile:
 
 rule kernels_aggregate:
     input:
-        expand(result("build/kernels/{arch}.csv"), arch=ARCHS, allow_missing=True),
+        src=sources("kernels_aggregate.py"),
+        cells=expand(result("build/kernels/{arch}.csv"), arch=ARCHS, allow_missing=True),
     output:
         report(
             result("build/kernel_resources.csv"),
@@ -44,13 +41,17 @@ rule kernels_aggregate:
         ),
     log:
         log_of("kernels_aggregate"),
+    benchmark:
+        benchmark_of("kernels_aggregate")
     conda:
         CONDA_ENV
     script:
         "../scripts/kernels_aggregate.py"
 
 
+# Static compilation measures nothing on the device: on a cluster it runs on the submitting host.
 localrules:
+    kernels_compile,
     kernels_aggregate,
 
 

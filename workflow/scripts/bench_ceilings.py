@@ -13,6 +13,7 @@ from gpulab.build import load_from_manifest  # noqa: E402
 from gpulab.ceilings import CEILINGS, measure_ceilings  # noqa: E402
 from gpulab.device import detect  # noqa: E402
 from gpulab.env_capture import read_fingerprint  # noqa: E402
+from gpulab.mlp.model import gemm_shapes, resolve_shape  # noqa: E402
 from gpulab.tables import enforce_strict  # noqa: E402
 from gpulab.timing import TimingSettings  # noqa: E402
 
@@ -25,7 +26,8 @@ rows = measure_ceilings(
     fingerprint=read_fingerprint(snakemake.input.env),
     # Up to at least the largest tensor the benchmark matrix uses.
     max_tensor_bytes=max_tensor_bytes(info, snakemake.params.max_tensor_mib),
-    mlp_config=snakemake.params.mlp,
+    # The MLP's own GEMM shapes join the matmul ceiling's squares.
+    gemms=gemm_shapes(resolve_shape(snakemake.params.mlp, info)),
     device=info,
 )
 table = CEILINGS.write(rows, snakemake.output[0])

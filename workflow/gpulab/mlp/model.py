@@ -53,6 +53,11 @@ def resolve_shape(config: Mapping[str, Any], info: DeviceInfo) -> MLPShape:
     return MLPShape(num_steps=steps, **values)
 
 
+def gemm_shapes(shape: MLPShape) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the step's products: forward and input gradient (B x D x D), weight gradient (D x D x B)."""
+    return [(shape.batch, shape.dim, shape.dim), (shape.dim, shape.dim, shape.batch)]
+
+
 def matmul_flops(shape: MLPShape) -> int:
     """Matmul FLOPs of one forward+backward step (bias adds and activations are not counted).
 
