@@ -1,12 +1,15 @@
 """Snakemake script of rule kernels_aggregate: the per-architecture tables in one kernel_resources.csv."""
 
-from gpulab.logs import to_log
+from gpulab.step import Step, run
 
-to_log(snakemake.log[0])
 
-from gpulab.kernel_compile import KERNEL_RESOURCES, aggregate  # noqa: E402
-from gpulab.tables import write_atomic  # noqa: E402
+def main(step: Step) -> None:
+    from gpulab.kernel_compile import KERNEL_RESOURCES, aggregate
+    from gpulab.tables import write_atomic
 
-table = aggregate(snakemake.input.cells)
-write_atomic(snakemake.output[0], table[KERNEL_RESOURCES.names].to_csv(index=False))
-print(table.groupby(["arch", "status"]).size().to_string())
+    table = aggregate(step.input.cells)
+    write_atomic(step.output[0], table[KERNEL_RESOURCES.names].to_csv(index=False))
+    print(table.groupby(["arch", "status"]).size().to_string())
+
+
+run(snakemake, main)

@@ -1,35 +1,26 @@
 """Snakemake script of rule llm_infer: one model through one engine (gpulab.llm.bench)."""
 
-from gpulab.logs import to_log
+from pathlib import Path
 
-to_log(snakemake.log[0])
+from gpulab.step import Step, run
 
-from gpulab.cluster import apply_target_env  # noqa: E402
-from gpulab.llm.probe import apply_aotriton_env  # noqa: E402
 
-# Both before PyTorch starts: the target's variables and the study's AOTriton switch change what it does.
-apply_target_env(snakemake.config, snakemake.wildcards.target)
-print(f"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL={apply_aotriton_env(snakemake.params.llm['aotriton_experimental'])}")
+def main(step: Step) -> None:
+    from gpulab.llm.probe import apply_aotriton_env
 
-from pathlib import Path  # noqa: E402
+    # Before PyTorch starts (the step runner has set the target's variables): the study's AOTriton switch.
+    print(f"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL={apply_aotriton_env(step.params.llm['aotriton_experimental'])}")
+    from gpulab.llm.bench import run_llm
+    from gpulab.llm.models import ResolvedModel, model_slug
+    from gpulab.llm.roofline import read_ceiling
 
-from gpulab.env_capture import read_fingerprint  # noqa: E402
-from gpulab.llm.bench import run_llm  # noqa: E402
-from gpulab.llm.models import ResolvedModel, model_slug  # noqa: E402
-from gpulab.llm.roofline import read_ceiling  # noqa: E402
-from gpulab.tables import enforce_strict  # noqa: E402
+    resolved = ResolvedModel.read(step.input.model)
+    if model_slug(resolved.spec) != step.wildcards.model:
+        raise SystemExit(f"{step.input.model} describes {resolved.spec}, not this job's model {step.wildcards.model}")
+    engine, llm = step.wildcards.engine, step.params.llm
+    rows = run_llm(resolved, engine, llm, target=step.target, fingerprint=step.fingerprint,
+                   ceiling=read_ceiling(step.input.ceilings, llm["dtype"]), out_dir=Path(step.output.csv).parent)
+    step.strict(rows, f"llm_infer {resolved.spec} {engine}")
 
-resolved = ResolvedModel.read(snakemake.input.model)
-assert model_slug(resolved.spec) == snakemake.wildcards.model, "model file does not belong to this job"
-engine = snakemake.wildcards.engine
-llm = snakemake.params.llm
-rows = run_llm(
-    resolved,
-    engine,
-    llm,
-    target=snakemake.wildcards.target,
-    fingerprint=read_fingerprint(snakemake.input.env),
-    ceiling=read_ceiling(snakemake.input.ceilings, llm["dtype"]),
-    out_dir=Path(snakemake.output.csv).parent,
-)
-enforce_strict(rows, snakemake.params.strict, f"llm_infer {resolved.spec} {engine}")
+
+run(snakemake, main)

@@ -1,13 +1,16 @@
 """Snakemake script of rule llm_tiny_build: thin wrapper over gpulab.llm.tiny."""
 
-from gpulab.logs import to_log
+import json
+from pathlib import Path
 
-to_log(snakemake.log[0])
+from gpulab.step import Step, run
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-from gpulab.llm.tiny import build_tiny  # noqa: E402
+def main(step: Step) -> None:
+    from gpulab.llm.tiny import build_tiny
 
-path = build_tiny(snakemake.output[0], seed=int(snakemake.params.seed))
-print(f"tiny model written to {path}: {json.loads((Path(path) / 'gpulab_tiny.json').read_text())}")
+    path = build_tiny(step.output[0], seed=int(step.params.seed))
+    print(f"tiny model written to {path}: {json.loads((Path(path) / 'gpulab_tiny.json').read_text())}")
+
+
+run(snakemake, main)

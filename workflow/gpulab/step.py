@@ -1,0 +1,62 @@
+"""The one preamble of every Snakemake script: the job's log, its target's environment, its fingerprint, strict.
+
+A script under ``workflow/scripts/`` is ``run(snakemake, main)``; ``main(step)`` does the step's work with
+the rule's inputs, outputs and params through :class:`Step`. Imports that start a GPU runtime (torch and
+everything built on it) belong inside ``main``: the target's variables (``HSA_OVERRIDE_GFX_VERSION``...) must
+be set before, and :func:`run` sets them first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import Any
+
+from gpulab.cluster import apply_target_env
+from gpulab.logs import to_log
+
+
+class Step:
+    """One job of a rule, as its script sees it."""
+
+    def __init__(self, snakemake: Any) -> None:
+        self.snakemake = snakemake
+        self.input = snakemake.input
+        self.output = snakemake.output
+        self.params = snakemake.params
+        self.wildcards = snakemake.wildcards
+
+    @property
+    def target(self) -> str:
+        return str(self.wildcards.target)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """The environment fingerprint of ``results/<target>/env/env.json`` (the rule's ``env`` input)."""
+        from gpulab.env_capture import read_fingerprint
+
+        return read_fingerprint(self.input.env)
+
+    def timing(self) -> Any:
+        from gpulab.timing import TimingSettings
+
+        return TimingSettings.from_config(self.params.timing)
+
+    def show(self, table: Any, columns: Sequence[str]) -> None:
+        """The step's table in its log, the columns a reader looks at first."""
+        print(table[[c for c in columns if c in table.columns]].to_string(index=False))
+
+    def strict(self, table: Any, what: str) -> None:
+        """With ``strict: true`` any outcome in ``table`` other than ok fails the step, naming each."""
+        from gpulab.tables import enforce_strict
+
+        enforce_strict(table, bool(self.params.get("strict", False)), what)
+
+
+def run(snakemake: Any, main: Callable[[Step], None]) -> None:
+    """Log to the rule's log, export the target's environment (jobs with a ``target`` wildcard), run ``main``."""
+    to_log(snakemake.log[0])
+    target = getattr(snakemake.wildcards, "target", None)
+    if target is not None:
+        apply_target_env(snakemake.config, target)
+    main(Step(snakemake))
