@@ -5,6 +5,7 @@ The real submission to a one-node Slurm cluster is .ci/slurm.sh (CI); these test
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -179,6 +180,22 @@ def test_dry_run_of_two_targets_puts_gpu_jobs_on_their_partitions(tmp_path):
                if job["rule"] not in profile.get("set-resources", {}))
 
 
+def test_the_step_runner_exports_the_target_environment_before_the_step(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from gpulab import step as step_module
+
+    monkeypatch.setattr(step_module, "to_log", lambda path: None)
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # the runner writes os.environ: keep the test's own
+    config = config_with(**TWO_TARGETS)
+    seen = {}
+    job = SimpleNamespace(log=[str(tmp_path / "x.log")], config=config, input={}, output=[], params={},
+                          wildcards=SimpleNamespace(target="mi300x"))
+    step_module.run(job, lambda step: seen.update(env=os.environ.get("HSA_OVERRIDE_GFX_VERSION"), target=step.target))
+    assert seen == {"env": "9.4.2", "target": "mi300x"}
+
+
 def test_every_device_step_exports_its_target_environment_first():
     """A rule with `**gpu_resources` runs on the target's nodes; its script must apply the target's env."""
     device_scripts = []
@@ -192,9 +209,8 @@ def test_every_device_step_exports_its_target_environment_first():
     assert {"env_capture"} <= {rule for rule, _ in device_scripts}
     for rule, script in device_scripts:
         text = script.read_text()
-        assert "apply_target_env(snakemake.config, snakemake.wildcards.target)" in text, (
-            f"{rule}: {script.name} does not export the target's environment")
-        # Before torch or the device detector are imported: HSA_OVERRIDE_GFX_VERSION acts at runtime start.
-        call = text.index("apply_target_env(snakemake.config")
-        early = re.findall(r"^\s*(?:import|from) (torch|gpulab\.(?:device|timing))\b", text[:call], re.M)
+        # gpulab.step.run exports the target's environment before it calls the script's main.
+        assert "run(snakemake, main)" in text, f"{rule}: {script.name} does not go through the step runner"
+        # Nothing that starts a runtime at module level: HSA_OVERRIDE_GFX_VERSION acts at runtime start.
+        early = re.findall(r"^(?:import|from) (torch|gpulab\.(?:device|timing))\b", text, re.M)
         assert not early, f"{rule}: {script.name} imports {early} before the target env"
