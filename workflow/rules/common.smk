@@ -64,7 +64,6 @@ def kernels_of(wildcards):
     return _from_workdir(kernel_sources(wildcards.impl, wildcards.op))
 
 
-
 # `resources: **gpu_resources` in each step whose jobs run on a target's device. Through
 # the Slurm profile each job asks for its target's partition, GPUs, time and memory (gpulab.cluster);
 # local runs ignore them. The scripts of these rules call gpulab.cluster.apply_target_env first.
