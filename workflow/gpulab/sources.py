@@ -34,9 +34,8 @@ EXTENSION_SOURCES = (
 DATA_SOURCES = {
     "build_hip_standalone.py": HIP_SOURCES,
     "build_extension.py": EXTENSION_SOURCES,
-    # Every Triton kernel, and the HIP sources with the headers they include (gpulab.kernel_compile.hipcc).
-    "kernels_compile.py": ("kernels/triton/*.py", *HIP_SOURCES, "kernels/ext/ops_kernels_hip.hip",
-                           "kernels/ext/ops_kernels.cuh", "kernels/ext/ops_common.h"),
+    # Every Triton kernel; the HIP sources and their headers come from gpulab.kernel_compile.hipcc (kernels.smk).
+    "kernels_compile.py": ("kernels/triton/*.py",),
     "llm_tiny_build.py": ("workflow/gpulab/llm/data/tiny_corpus.txt",
                           "workflow/gpulab/llm/configs/qwen2.5_chat_template.jinja"),
     "llm_infer.py": ("workflow/gpulab/llm/configs/**/*",),

@@ -1,8 +1,9 @@
 from gpulab.kernel_compile.archs import ARCHS
+from gpulab.kernel_compile.hipcc import hip_inputs
 
-# Every source a compile depends on is an input (`sources`: the Triton kernels, the HIP sources and their
-# headers): editing a kernel reruns the architectures' jobs, and the cache of compiled outcomes, keyed by
-# source, recompiles just what changed.
+# Every source a compile depends on is an input (`sources`: the Triton kernels; `hip_inputs`: the HIP
+# sources and the headers they include): editing a kernel reruns the architectures' jobs, and the cache of
+# compiled outcomes, keyed by source, recompiles just what changed.
 
 
 wildcard_constraints:
@@ -11,7 +12,7 @@ wildcard_constraints:
 
 rule kernels_compile:
     input:
-        src=sources("kernels_compile.py"),
+        src=sources("kernels_compile.py") + _from_workdir(hip_inputs()),
         env=result("env/env.json"),
     output:
         result("build/kernels/{arch}.csv"),
