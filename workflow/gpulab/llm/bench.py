@@ -69,7 +69,8 @@ LLM = TableSchema(
         Column("logit_rel_err", "float", "teacher rows: largest ‖Δ‖/‖ref‖ of float32 logits over the positions"),
         Column("worst_position", "int", "teacher rows: the position of that largest error"),
         Column("ref_self_err", "float", "teacher rows: largest ‖Δ‖/‖ref‖ of transformers' step-by-step run against "
-               "its one forward pass (the model's own rounding noise floor)"),
+               "its one forward pass (the model's own rounding noise floor); logit_rel_err may reach the larger of "
+               "llm.teacher_tolerance and twice this"),
         Column("text_file", "str", "JSON beside the CSV with the prompts, responses and token ids"),
         Column("seed", "int", "seed of random weights, prompts and sampling"),
     ),

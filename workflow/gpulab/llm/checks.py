@@ -4,9 +4,18 @@
 - ``teacher<N>`` (``fast``): both engines run the same N-token sequence, its first half as a prefill and
   the rest as decode steps fed the given tokens (transformers with its own cache, so rounding differences
   of a prefill against decode steps are not counted against the engine). At every position its float32 logits must be
-  within ``‖Δ‖/‖ref‖ ≤ llm.teacher_tolerance`` of transformers', and its greedy token must equal
-  transformers' wherever transformers' top-2 gap exceeds twice the largest logit error there (beyond that
-  rounding cannot swap the two, so a different token is a wrong token choice, not rounding).
+  within ``‖Δ‖/‖ref‖ ≤ bound`` of transformers', and its greedy token must equal transformers' wherever
+  transformers' top-2 gap exceeds twice the largest logit error there (beyond that rounding cannot swap the
+  two, so a different token is a wrong token choice, not rounding).
+
+  The bound is ``llm.teacher_tolerance`` or, where larger, :data:`NOISE_MULTIPLIER` times transformers'
+  disagreement with itself (``ref_self_err``: its step-by-step run against one forward pass over the same
+  tokens, two equally valid evaluation orders of the same bf16 model). Random weights amplify rounding: on
+  the H100, random-weight Qwen2.5-7B's transformers differs from itself by 0.050, so no bf16 implementation,
+  transformers included, can meet 2e-2 there; a wrong kernel still differs by far more than twice that
+  noise (a perturbed weight is caught, see the tests). PyTorch's own compiler accuracy check
+  (``torch._dynamo.utils.same`` with an fp64 reference) allows a candidate 2x (fp32) to 3x (bf16) the
+  reference's own error in the same way.
 
 A failure's reason names the worst position; the caller marks every row of the engine ``incorrect``.
 """
@@ -21,6 +30,9 @@ import torch
 
 from gpulab.llm.engines import FastEngine, HfEngine
 from gpulab.llm.study import Sampling
+
+# How many times transformers' own rounding noise the engine may differ from it (see the module docstring).
+NOISE_MULTIPLIER = 2.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +66,13 @@ def _reference_margin(hf: HfEngine, prompt_ids: torch.Tensor, prefix: list[int])
     return f"hf's top-2 logit gap there {float(top[0] - top[1]):.4g}, bf16 spacing {spacing:.4g}"
 
 
-def compare_logits(logits: torch.Tensor, chosen: torch.Tensor, reference: torch.Tensor, tolerance: float
-                   ) -> tuple[bool, str, dict[str, Any]]:
+def error_bound(tolerance: float, ref_self_err: float = 0.0) -> float:
+    """The largest ‖Δ‖/‖ref‖ allowed: the tolerance, or twice the reference's own rounding noise if larger."""
+    return max(tolerance, NOISE_MULTIPLIER * ref_self_err)
+
+
+def compare_logits(logits: torch.Tensor, chosen: torch.Tensor, reference: torch.Tensor, tolerance: float,
+                   ref_self_err: float = 0.0) -> tuple[bool, str, dict[str, Any]]:
     """Teacher-forcing verdict from the engine's logits and choices against the reference logits (T, V)."""
     delta = logits.float() - reference.float()
     rel = (delta.norm(dim=-1) / reference.norm(dim=-1)).double()
@@ -65,9 +82,12 @@ def compare_logits(logits: torch.Tensor, chosen: torch.Tensor, reference: torch.
     wrong = (decisive & (chosen != reference.argmax(-1))).nonzero().flatten().tolist()
     values = {"logit_rel_err": float(rel.max()), "worst_position": worst, "tokens_match": not wrong,
               "first_mismatch": wrong[0] if wrong else None, "n_gen": int(reference.shape[0])}
-    if float(rel.max()) > tolerance:
+    bound = error_bound(tolerance, ref_self_err)
+    if float(rel.max()) > bound:
         return False, (f"teacher forcing: logits at position {worst} differ from transformers' by "
-                       f"‖Δ‖/‖ref‖ = {float(rel.max()):.3g} > {tolerance:g}; times not trusted"), values
+                       f"‖Δ‖/‖ref‖ = {float(rel.max()):.3g} > {bound:.3g} (the larger of the tolerance {tolerance:g} "
+                       f"and {NOISE_MULTIPLIER:g}x transformers against itself, {ref_self_err:.3g}); "
+                       f"times not trusted"), values
     if wrong:
         p = wrong[0]
         return False, (f"teacher forcing: greedy token at position {p} is {int(chosen[p])}, transformers' "
@@ -83,10 +103,7 @@ def teacher_forcing(engine: FastEngine, hf: HfEngine, ids: torch.Tensor, toleran
     split = max(1, int(ids.numel()) // 2)
     reference = hf.logits(ids, split).cpu()
     full = hf.logits(ids).cpu()
+    self_err = float(((reference - full).norm(dim=-1) / full.norm(dim=-1)).max())
     logits, chosen = engine.decoder.teacher(ids, split)
-    ok, reason, values = compare_logits(logits, chosen, reference, tolerance)
-    values["ref_self_err"] = float(((reference - full).norm(dim=-1) / full.norm(dim=-1)).max())
-    if not ok:
-        reason = reason.replace("; times not trusted", f" (transformers against itself: "
-                                f"{values['ref_self_err']:.3g}); times not trusted")
-    return Check(f"teacher{int(ids.numel())}", ok, reason, values)
+    ok, reason, values = compare_logits(logits, chosen, reference, tolerance, self_err)
+    return Check(f"teacher{int(ids.numel())}", ok, reason, {**values, "ref_self_err": self_err})
