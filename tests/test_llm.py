@@ -459,3 +459,16 @@ def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
                  "Prompt-processing tokens", "greedy32", "teacher256", "one device graph per step",
                  "device graphs per layer segment", "NVIDIA H100", "bytes per token"):
         assert text in section, text
+
+
+def test_teacher_bound_is_the_tolerance_or_twice_the_references_own_noise():
+    reference = torch.tensor([[3.0, 1.0, 0.0], [2.0, 0.0, 1.0]])
+    off = reference * torch.tensor([[1.05, 0.95, 1.0], [1.05, 1.0, 0.95]])  # ~5% relative error, same argmax
+    rel = float(((off - reference).norm(dim=-1) / reference.norm(dim=-1)).max())
+    ok, reason, _ = checks.compare_logits(off, torch.tensor([0, 0]), reference, 2e-2)
+    assert not ok and "> 0.02" in reason
+    # The reference disagreeing with itself by 3% lets the engine differ by up to 6%, not more.
+    assert checks.compare_logits(off, torch.tensor([0, 0]), reference, 2e-2, ref_self_err=0.03)[0]
+    assert rel > 2 * 0.02
+    ok, reason, _ = checks.compare_logits(off, torch.tensor([0, 0]), reference, 2e-2, ref_self_err=rel / 2.5)
+    assert not ok and "2x transformers against itself" in reason
