@@ -40,7 +40,7 @@ from gpulab.bench.sizes import (
 )
 from gpulab.ceilings import CEILINGS, Ceilings, Hit, above_ceiling, curve_sizes, mark_best
 from gpulab.device import DeviceInfo
-from gpulab.timing import TimingSettings, rotation_sets
+from gpulab.timing import TimingSettings, parse_times, rotation_sets
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False)
@@ -291,7 +291,7 @@ def test_row_statistics_follow_from_bytes_moved_and_the_pattern_ceiling(tmp_path
         assert row["gflops"] == pytest.approx((1 << 16) / (row["median_ms"] / 1e3) / 1e9)
         assert row["reps"] >= FAST.min_reps and row["timer"] == "perf_counter"
         assert row["method"].startswith("perf_counter, median of")
-        assert row["cold_call_ms"] > 0 and len(row["times_ms"].split()) == row["reps"]
+        assert row["cold_call_ms"] > 0 and len(parse_times(row["times_ms"])) == row["reps"]
         assert row["throttled"] == "unknown: no GPU (cpu backend)"
     BENCH.frame([{"target": "t", "fingerprint": "fp", **r} for r in out])
 

@@ -107,8 +107,9 @@ def test_rows_with_only_tokens_per_second_compare_on_per_token_time():
 MATRIX = (("gelu", [(1 << 14,), (1 << 17,)]), ("add", [(1 << 14,), (1 << 17,)]), ("softmax", [(64, 256), (256, 512)]))
 
 
-def _a_a_runs(first: Path, second: Path) -> None:
-    """Two real CPU runs of a small benchmark matrix, written as two results directories.
+def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), scale: float = 1.0) -> None:
+    """Two real CPU runs of a small benchmark matrix, written as two results directories; the second run
+    measures ``scale`` times the data of each case under the same label (a real slowdown when above 1).
 
     The runs alternate case by case (op x implementation x size x dtype), so load from other processes on
     a shared CI machine falls on both runs alike; one torch thread keeps the cores from being
@@ -120,14 +121,17 @@ def _a_a_runs(first: Path, second: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for op, shapes in MATRIX:
+        for op, shapes in matrix:
             rows: dict[Path, list] = {first: [], second: []}
-            for impl in ("native", "manual"):
+            for impl in impls:
                 for shape in shapes:
                     for dtype in ("fp32", "bf16"):
-                        for root in (first, second):
-                            rows[root] += run_cell(op, impl, shapes=[shape], dtypes=[dtype], settings=settings,
-                                                   ctx=ctx, fingerprint="aa", progress=False)
+                        for root, factor in ((first, 1.0), (second, scale)):
+                            measured = (*shape[:-1], round(shape[-1] * factor))
+                            found = run_cell(op, impl, shapes=[measured], dtypes=[dtype], settings=settings,
+                                             ctx=ctx, fingerprint="aa", progress=False)
+                            label = "x".join(map(str, shape)) if len(shape) > 1 else shape[0]
+                            rows[root] += [{**row, "size": label} for row in found]
             for root, found in rows.items():
                 BENCH.write(found, root / "local" / "bench" / f"{op}.csv")
     finally:
@@ -137,20 +141,33 @@ def _a_a_runs(first: Path, second: Path) -> None:
         (root / "local" / "env" / "env.json").write_text(json.dumps({"fingerprint": "aa", "device": {"name": "cpu"}}))
 
 
-# Measured on the 2-core CI machine, idle: 8-9 of 24 cells flagged (changes of 5-68% between two interleaved
-# measurements of the same case). The bootstrap CI comes from repetitions within one run, and runs drift
-# between each other by more than that (consecutive blocks of one op on identical inputs move by ~7%): the
-# verdict does not yet model run-to-run variance. Issue 13 stays open on it.
-@pytest.mark.xfail(reason="A/A false-flag rate above 5% on a shared CPU: run-to-run drift exceeds the within-run "
-                          "bootstrap CI (issue 13)", strict=False)
+# Measured on the shared 2-core machine with three other jobs running (load 7): with blocked timing and the
+# cluster bootstrap, A/A runs flagged 5-11 of 24 cells (level shifts of 4-50% between runs that stay flat
+# across a run's blocks), and 1.3x the data was missed in 1-2 of 8 cells. Not yet measured on an idle machine.
+@pytest.mark.xfail(reason="run-to-run shifts on a loaded CPU exceed the block-to-block spread (issue 13)",
+                   strict=False)
 def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    _a_a_runs(first, second)
+    _runs(first, second)
     deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
     judged = deltas[deltas["verdict"].isin([SLOWER, FASTER, WITHIN])]
     assert len(judged) == 24, deltas["verdict"].value_counts()
     flagged = deltas[deltas["verdict"].isin([SLOWER, FASTER, STATUS_CHANGED])]
     assert len(flagged) <= 0.05 * len(deltas), flagged[["artifact", "impl", "size", "dtype", "change_pct"]]
+
+
+# Measured on the shared 2-core machine with three other jobs running (load 7): with blocked timing and the
+# cluster bootstrap, A/A runs flagged 5-11 of 24 cells (level shifts of 4-50% between runs that stay flat
+# across a run's blocks), and 1.3x the data was missed in 1-2 of 8 cells. Not yet measured on an idle machine.
+@pytest.mark.xfail(reason="run-to-run shifts on a loaded CPU exceed the block-to-block spread (issue 13)",
+                   strict=False)
+def test_a_real_slowdown_on_thirty_percent_more_data_is_flagged(tmp_path):
+    """The power side of the A/A test: the same cases on 1.3x the data under the same label are slower."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    _runs(first, second, matrix=(("gelu", [(1 << 17,)]), ("add", [(1 << 17,)])), scale=1.3)
+    deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
+    verdicts = deltas[["impl", "dtype", "change_pct", "verdict"]]
+    assert len(deltas) == 8 and (deltas["verdict"] == SLOWER).all(), verdicts
 
 
 def test_fail_on_regression_exits_non_zero_on_a_significant_slowdown(tmp_path, capsys):

@@ -4,13 +4,17 @@ Every measured figure goes through :func:`measure`: an untimed first call (compi
 handle creation land here and are reported separately as ``first_call_ms``), further warm-up calls,
 then repetitions timed with device events on a GPU (``torch.cuda.Event`` is HIP on ROCm) or
 ``time.perf_counter`` on CPU, until both a minimum measured time and a minimum repetition count are
-reached. Before each repetition a buffer larger than the last-level cache is overwritten (outside the
-timed region) so repeated runs do not measure the cache; callers may also pass several closures over
-different inputs, which are rotated.
+reached. The repetitions are taken in blocks (``blocks``, default 8): the first block sizes the rest, and
+before each block the memory layout is re-drawn and the CPU yielded, so that what differs from one run to
+the next (where the op's outputs land, what else the machine runs) also varies between blocks of one
+run, where the run-vs-run comparison can see it (``gpulab.report.compare``). Before each repetition a
+buffer larger than the last-level cache is overwritten (outside the timed region) so repeated runs do
+not measure the cache; callers may also pass several closures over different inputs, which are rotated.
 
-Every summary carries its repetition times (``times_ms``, for run-vs-run statistics) and ``stable``:
-false when the mean is more than 10% above the median (a stall in some repetitions), the coefficient of
-variation exceeds 0.10, or fewer than 5 repetitions were taken (too few to judge either).
+Every summary carries its repetition times (``times_ms``, in timed order, blocks separated by ``|``, for
+run-vs-run statistics) and ``stable``: false when the mean is more than 10% above the median (a stall in
+some repetitions), the coefficient of variation exceeds 0.10, or fewer than 5 repetitions were taken
+(too few to judge either).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ CPU_FLUSH_BYTES = 64 * 2**20
 MAX_MEAN_OVER_MEDIAN = 1.10
 MAX_CV = 0.10
 MIN_STABLE_REPS = 5
+# Largest allocation held during a block to move the op's outputs (several pages, so both the offset
+# within a page and the cache sets an output maps to change).
+LAYOUT_SHIM_BYTES = 64 * 2**10
+BLOCK_SEPARATOR = "|"
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class TimingSettings:
     max_wall_s: float = 3.0
     warmup_reps: int = 3
     flush_cache: bool = True
+    blocks: int = 8
 
     @classmethod
     def from_config(cls, timing_config: Mapping[str, Any] | None) -> TimingSettings:
@@ -60,12 +69,12 @@ class Timing:
     min_ms: float
     cv: float
     reps: int
-    warmup_reps: int
+    warmup_reps: int  # untimed calls before the kept repetitions (warm-up and the pilot block)
     first_call_ms: float
     timer: str  # device_event | perf_counter
     cache_policy: str  # flush | rotate:N | none
     stable: bool = False  # see is_stable; measure() always sets it
-    times_ms: str = ""  # every repetition's time, space-separated (format_times / parse_times)
+    times_ms: str = ""  # every repetition's time, blocks separated by "|" (format_blocks / parse_blocks)
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,11 +95,23 @@ def format_times(samples_ms: Sequence[float]) -> str:
     return " ".join(f"{t:.5g}" for t in samples_ms)
 
 
-def parse_times(text: object) -> np.ndarray:
-    """The repetition times of a ``times_ms`` cell (empty when the row has none)."""
+def format_blocks(blocks: Sequence[Sequence[float]]) -> str:
+    """Repetition times of several blocks, in timed order, blocks separated by ``|``."""
+    return f" {BLOCK_SEPARATOR} ".join(format_times(block) for block in blocks if len(block))
+
+
+def parse_blocks(text: object) -> list[np.ndarray]:
+    """The blocks of a ``times_ms`` cell (one block for rows recorded before blocks; none when empty)."""
     if not isinstance(text, str) or not text.strip():
-        return np.array([], dtype=np.float64)
-    return np.array([float(t) for t in text.split()], dtype=np.float64)
+        return []
+    blocks = [np.array([float(t) for t in part.split()], dtype=np.float64) for part in text.split(BLOCK_SEPARATOR)]
+    return [b for b in blocks if b.size]
+
+
+def parse_times(text: object) -> np.ndarray:
+    """Every repetition time of a ``times_ms`` cell, blocks joined (empty when the row has none)."""
+    blocks = parse_blocks(text)
+    return np.concatenate(blocks) if blocks else np.array([], dtype=np.float64)
 
 
 def summarize(samples_ms: Sequence[float]) -> dict[str, float]:
@@ -140,6 +161,38 @@ class _CacheFlusher:
             self.buffer.fill_(1)
 
 
+class _Layout:
+    """Holds a small allocation of random size for one block, so the outputs the op allocates (and the
+    allocator's state) land at a different address in each block: alignment and cache-set effects then
+    show up as block-to-block variance instead of as a shift of the whole run."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.rng = np.random.default_rng()  # unseeded on purpose: each run samples fresh layouts
+        self.shim: object = None
+
+    def shuffle(self) -> None:
+        import torch
+
+        self.shim = None
+        nbytes = int(self.rng.integers(1, LAYOUT_SHIM_BYTES // 64 + 1)) * 64
+        self.shim = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+
+def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_s: float) -> list[int]:
+    """Repetitions of each block, from the pilot block: enough for ``min_time_s`` and ``min_reps`` over all
+    blocks, within ``max_reps`` and (once ``min_reps`` are reached) within ``max_wall_s``."""
+    done = len(pilot_ms)
+    per_rep_ms = max(float(np.median(pilot_ms)), 1e-4)
+    wanted = max(settings.min_reps, math.ceil(settings.min_time_s * 1e3 / per_rep_ms))
+    # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
+    # cap the wall time rather than spend minutes flushing for a microsecond kernel.
+    affordable = math.floor(settings.max_wall_s / max(pilot_wall_s / done, 1e-9))
+    total = min(settings.max_reps, max(settings.min_reps, min(wanted, affordable)))
+    sizes = [len(part) for part in np.array_split(np.arange(total), settings.blocks)]
+    return [n for n in sizes if n > 0]
+
+
 def measure(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     settings: TimingSettings | None = None,
@@ -148,88 +201,105 @@ def measure(
 ) -> Timing:
     """Time a zero-argument closure (or rotate over several); only the call itself is inside the timer.
 
+    The repetitions are taken in ``settings.blocks`` blocks; before each block the memory layout is
+    re-drawn (see :class:`_Layout`) and the thread yields the CPU, so each block is a fresh sample of the
+    conditions a run meets. ``times_ms`` keeps the blocks apart (``|``) for the run-vs-run comparison.
     ``last``, when given, receives (closure index, return value) of the last timed call, so the caller
     can check what was timed.
     """
-    import torch
-
     settings = settings or TimingSettings()
     info = device or detect()
     fns = list(fn) if isinstance(fn, Sequence) else [fn]
     if not fns:
         raise ValueError("measure() needs at least one closure")
-    gpu = info.gpu_available
-
-    def sync() -> None:
-        if gpu:
-            torch.cuda.synchronize()
-
-    sync()
-    start = time.perf_counter()
-    fns[0]()
-    sync()
-    first_call_ms = (time.perf_counter() - start) * 1e3
-    for i in range(1, settings.warmup_reps):
-        fns[i % len(fns)]()
-    sync()
-
-    flush = _CacheFlusher(info, settings.flush_cache)
-    samples: list[float] = []
-    total_ms = 0.0
-    batch = settings.min_reps
-    loop_start = time.perf_counter()
-    while True:
-        if gpu:
-            events = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(batch)
-            ]
-            for i, (begin, end) in enumerate(events):
-                flush()
-                k = (len(samples) + i) % len(fns)
-                begin.record()
-                result = fns[k]()
-                end.record()
-            torch.cuda.synchronize()
-            new = [begin.elapsed_time(end) for begin, end in events]
-        else:
-            new = []
-            for i in range(batch):
-                flush()
-                k = (len(samples) + i) % len(fns)
-                t0 = time.perf_counter()
-                result = fns[k]()
-                new.append((time.perf_counter() - t0) * 1e3)
-        samples.extend(new)
-        total_ms += sum(new)
-        wall_s = time.perf_counter() - loop_start
-        enough_reps = len(samples) >= settings.min_reps
-        if len(samples) >= settings.max_reps or (enough_reps and total_ms >= settings.min_time_s * 1e3):
-            break
-        # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
-        # cap the wall time rather than spend minutes flushing for a microsecond kernel.
-        if enough_reps and wall_s >= settings.max_wall_s:
-            break
-        per_rep = max(total_ms / len(samples), 1e-4)
-        wanted = math.ceil((settings.min_time_s * 1e3 - total_ms) / per_rep)
-        wall_per_rep = wall_s / len(samples)
-        affordable = max(1, math.floor((settings.max_wall_s - wall_s) / wall_per_rep)) if wall_per_rep > 0 else wanted
-        wanted = min(wanted, affordable)
-        batch = max(1, min(settings.max_reps - len(samples), max(wanted, settings.min_reps - len(samples))))
-
+    first_call_ms = _warm_up(fns, settings, info)
+    timer = _BlockTimer(fns, info, _CacheFlusher(info, settings.flush_cache))
+    # A pilot block sizes the blocks; it is not kept: on CPU the first repetitions after the layout first
+    # moves were 1.5-15x slower than the rest (first touch of the newly placed outputs).
+    wall = time.perf_counter()
+    pilot = timer.block(max(1, math.ceil(settings.min_reps / settings.blocks)))
+    blocks = [timer.block(reps) for reps in _block_plan(settings, pilot, time.perf_counter() - wall)]
     if last is not None:
-        last[:] = [(k, result)]
+        last[:] = [timer.last]
+    samples = [t for block in blocks for t in block]
     stats = summarize(samples)
-    if flush.buffer is not None:
+    if settings.flush_cache:
         cache_policy = "flush" + (f"+rotate:{len(fns)}" if len(fns) > 1 else "")
     else:
         cache_policy = f"rotate:{len(fns)}" if len(fns) > 1 else "none"
     return Timing(
         **stats,
         reps=len(samples),
-        warmup_reps=settings.warmup_reps,
+        warmup_reps=max(settings.warmup_reps, len(fns)) + len(pilot),  # every untimed call, pilot included
         first_call_ms=first_call_ms,
-        timer="device_event" if gpu else "perf_counter",
+        timer="device_event" if info.gpu_available else "perf_counter",
         cache_policy=cache_policy,
         stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
-        times_ms=format_times(samples),
+        times_ms=format_blocks(blocks),
     )
+
+
+def _sync(info: DeviceInfo) -> None:
+    if info.gpu_available:
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _warm_up(fns: Sequence[Callable[[], object]], settings: TimingSettings, info: DeviceInfo) -> float:
+    """The untimed first call (its wall time is returned: compilation lands here) and further warm-up calls,
+    at least one per closure: a rotated input set first used inside the timed loop made the first block
+    of a CPU measurement 1.5-15x slower than the rest (first-touch of its pages and allocations)."""
+    _sync(info)
+    start = time.perf_counter()
+    fns[0]()
+    _sync(info)
+    first_call_ms = (time.perf_counter() - start) * 1e3
+    for i in range(1, max(settings.warmup_reps, len(fns))):
+        fns[i % len(fns)]()
+    _sync(info)
+    return first_call_ms
+
+
+class _BlockTimer:
+    """Times blocks of repetitions, rotating the closures across the whole measurement."""
+
+    def __init__(self, fns: Sequence[Callable[[], object]], info: DeviceInfo, flush: _CacheFlusher) -> None:
+        self.fns, self.info, self.flush = fns, info, flush
+        self.layout = _Layout(info.torch_device)
+        self.count = 0
+        self.last: tuple[int, object] = (0, None)
+
+    def block(self, reps: int) -> list[float]:
+        self.layout.shuffle()
+        # Yield the CPU between blocks: a block then starts on a fresh time slice instead of inheriting
+        # the previous block's scheduling.
+        time.sleep(0)
+        times = self._device_events(reps) if self.info.gpu_available else self._host_clock(reps)
+        self.count += reps
+        return times
+
+    def _host_clock(self, reps: int) -> list[float]:
+        times = []
+        for i in range(reps):
+            self.flush()
+            k = (self.count + i) % len(self.fns)
+            t0 = time.perf_counter()
+            result = self.fns[k]()
+            times.append((time.perf_counter() - t0) * 1e3)
+            self.last = (k, result)
+        return times
+
+    def _device_events(self, reps: int) -> list[float]:
+        import torch
+
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for i, (begin, end) in enumerate(events):
+            self.flush()
+            k = (self.count + i) % len(self.fns)
+            begin.record()
+            result = self.fns[k]()
+            end.record()
+            self.last = (k, result)
+        torch.cuda.synchronize()
+        return [begin.elapsed_time(end) for begin, end in events]

@@ -6,6 +6,14 @@ median time change": decided from the repetition times each row stores (``times_
 bootstrap confidence interval of the ratio of medians (new / baseline) that must exclude 1 **and** a
 point estimate at least ``min_effect`` (default 3%) away from 1. Fewer than 5 repetitions on either side
 gives "no verdict", said so.
+
+The bootstrap resamples whole blocks of repetitions (a cluster bootstrap), not single repetitions.
+Repetitions of one block share their conditions (the memory layout, what else the machine was doing),
+so they are not independent: on a busy 2-core machine consecutive repetitions agree to 1% while two runs
+of the same build differ by 5-35%. ``gpulab.timing.measure`` re-draws those conditions before each of its
+blocks, so the spread between blocks is a sample of the spread between runs, and resampling blocks
+carries it into the interval. Rows recorded before blocks existed are cut into consecutive chunks of
+their timed sequence (a block bootstrap of a time series), which carries at least the drift within them.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ FLAGGED = (SLOWER, STATUS_CHANGED, FASTER)
 MIN_EFFECT = 0.03  # smallest change of the median worth flagging (fraction)
 MIN_REPS = 5  # fewer repetitions on either side: no verdict
 BOOTSTRAP_RESAMPLES = 2000
+# Chunks a row recorded as one block is cut into (its repetitions are in timed order).
+LEGACY_CHUNKS = 8
 CONFIDENCE = 0.95
 
 
@@ -158,30 +168,60 @@ class Verdict:
     note: str = ""
 
 
-def bootstrap_ratio_ci(a: np.ndarray, b: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
-                       confidence: float = CONFIDENCE, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap CI of median(b) / median(a), resampling each run's repetitions independently."""
+def _resampled_medians(blocks: Sequence[np.ndarray], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """Median of all repetitions of ``len(blocks)`` blocks drawn with replacement, ``resamples`` times."""
+    values = np.concatenate(blocks)
+    owner = np.repeat(np.arange(len(blocks)), [b.size for b in blocks])
+    order = np.argsort(values, kind="stable")
+    values, owner = values[order], owner[order]
+    draws = rng.integers(0, len(blocks), size=(resamples, len(blocks)))
+    counts = np.stack([np.bincount(d, minlength=len(blocks)) for d in draws])  # times each block was drawn
+    weights = np.cumsum(counts[:, owner], axis=1)  # sorted repetitions, each weighted by its block's count
+    middle = np.argmax(weights >= weights[:, -1:] / 2, axis=1)
+    return values[middle]
+
+
+def as_blocks(times: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Blocks of repetitions: as measured, or (one block, recorded before blocks) consecutive chunks."""
+    if isinstance(times, np.ndarray):
+        times = [times]
+    blocks = [np.asarray(b, dtype=np.float64) for b in times if len(b)]
+    if len(blocks) == 1 and blocks[0].size >= 2 * LEGACY_CHUNKS:
+        return [c for c in np.array_split(blocks[0], LEGACY_CHUNKS)]
+    return blocks
+
+
+def bootstrap_ratio_ci(a: np.ndarray | Sequence[np.ndarray], b: np.ndarray | Sequence[np.ndarray],
+                       resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = CONFIDENCE,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(b) / median(a), resampling each run's blocks (see the module doc)."""
     rng = np.random.default_rng(seed)
-    med_a = np.median(rng.choice(a, size=(resamples, a.size), replace=True), axis=1)
-    med_b = np.median(rng.choice(b, size=(resamples, b.size), replace=True), axis=1)
-    ratios = med_b / med_a
+    ratios = _resampled_medians(as_blocks(b), rng, resamples) / _resampled_medians(as_blocks(a), rng, resamples)
     tail = 100 * (1 - confidence) / 2
     return float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
 
 
-def times_verdict(a: np.ndarray, b: np.ndarray, min_effect: float = MIN_EFFECT) -> Verdict:
+def times_verdict(a_blocks: np.ndarray | Sequence[np.ndarray], b_blocks: np.ndarray | Sequence[np.ndarray],
+                  min_effect: float = MIN_EFFECT) -> Verdict:
     """Faster/slower only when the CI of the ratio of medians excludes 1 and the ratio is at least
-    ``min_effect`` away from 1; fewer than MIN_REPS repetitions on either side: no verdict."""
+    ``min_effect`` away from 1; fewer than MIN_REPS repetitions on either side: no verdict. Each side is
+    its repetition times, as one array or as the blocks they were timed in."""
+    a, b = _flat(a_blocks), _flat(b_blocks)
     if min(a.size, b.size) < MIN_REPS:
         return Verdict(NO_VERDICT, _ratio(a, b), math.nan, math.nan,
                        f"fewer than {MIN_REPS} repetitions ({a.size} vs {b.size}): no verdict")
     ratio = _ratio(a, b)
-    low, high = bootstrap_ratio_ci(a, b)
+    low, high = bootstrap_ratio_ci(as_blocks(a_blocks), as_blocks(b_blocks))
     if low > 1 and ratio >= 1 + min_effect:
         return Verdict(SLOWER, ratio, low, high)
     if high < 1 and ratio <= 1 - min_effect:
         return Verdict(FASTER, ratio, low, high)
     return Verdict(WITHIN, ratio, low, high)
+
+
+def _flat(times: np.ndarray | Sequence[np.ndarray]) -> np.ndarray:
+    blocks = as_blocks(times)
+    return np.concatenate(blocks) if blocks else np.array([], dtype=np.float64)
 
 
 def _ratio(a: np.ndarray, b: np.ndarray) -> float:
@@ -199,17 +239,17 @@ def _num(value: Any) -> float:
 RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable")
 
 
-def _cell_times(row: Mapping[str, Any]) -> np.ndarray:
-    """A row's repetition times (ms); a throughput-only row (tok/s) gives its per-token time once."""
-    from gpulab.timing import parse_times
+def _cell_times(row: Mapping[str, Any]) -> list[np.ndarray]:
+    """A row's repetition times (ms) by block; a throughput-only row (tok/s) gives its per-token time once."""
+    from gpulab.timing import parse_blocks
 
-    times = parse_times(row.get("times_ms"))
-    if times.size:
-        return times
+    blocks = parse_blocks(row.get("times_ms"))
+    if blocks:
+        return blocks
     median = _num(row.get("median_ms"))
     if math.isnan(median) and _num(row.get("tok_s")) > 0:
         median = 1e3 / _num(row.get("tok_s"))
-    return np.array([median]) if not math.isnan(median) else np.array([])
+    return [np.array([median])] if not math.isnan(median) else []
 
 
 def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
