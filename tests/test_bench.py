@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,15 +43,18 @@ from gpulab.bench.sizes import (
 from gpulab.ceilings import (
     CEILINGS,
     LATENCY_FRACTION,
+    SCREEN_REPS,
     Ceilings,
     Hit,
     above_ceiling,
     ceiling_sizes,
     mark_best,
     measure_ceilings,
+    measure_pattern,
     placement,
     plateau_bytes,
     regime,
+    screen_sweep,
 )
 from gpulab.device import DeviceInfo
 from gpulab.tables import SchemaError
@@ -344,6 +348,31 @@ def test_the_ceilings_are_measured_at_the_matrix_sizes_and_the_plateau_only():
                             matrix=sized, device=CPU)
     measured = {(r["kind"], r["tensor_bytes"]) for r in rows if r["kind"] != "matmul" and r["status"] == "ok"}
     assert measured == {("copy", 4000), ("copy", 12000), ("read", 12000), ("add", 12000)}
+
+
+def test_the_triton_sweep_is_screened_and_only_contenders_are_timed_in_full():
+    medians = {"triton b1 w1": 1.0, "triton b2 w2": 1.09, "triton b3 w3": 1.5, "triton b4 w4": None, "torch.add": 9.0}
+    calls = []
+
+    def timed(name, builder, settings):
+        calls.append((name, settings.min_reps))
+        if medians[name] is None:
+            return {"status": "failed", "reason": "does not compile"}
+        return {"status": "ok", "reason": "", "median_ms": medians[name], "reps": settings.min_reps}
+
+    behind = screen_sweep({name: object() for name in medians}, FAST, timed)
+    assert set(behind) == {"triton b3 w3", "triton b4 w4"} and behind["triton b4 w4"]["status"] == "failed"
+    assert behind["triton b3 w3"]["reason"].startswith("screened out: 1.5x the time of triton b1 w1 in 10 ")
+    assert "torch.add" not in {name for name, _ in calls} and {reps for _, reps in calls} == {SCREEN_REPS}
+    # Through a real measurement: every method keeps its row, the loser with its screen's timing (a sleep, so
+    # that other jobs on a shared CPU cannot make the fast one as slow).
+    fast = lambda ins, out: (lambda: out.copy_(ins[0]))  # noqa: E731
+    slow = lambda ins, out: (lambda: time.sleep(0.1))  # noqa: E731
+    rows = measure_pattern("copy", "fp32", 2**20, {"triton b1 w1": fast, "triton b2 w2": slow, "memcpy": fast},
+                           FAST, CPU)
+    by_method = {r["method"]: r for r in rows}
+    assert [r["status"] for r in rows] == ["ok"] * 3 and by_method["triton b2 w2"]["reason"].startswith("screened")
+    assert by_method["triton b1 w1"]["reason"] == "" and by_method["memcpy"]["reason"] == ""
 
 
 def test_a_size_is_latency_bound_below_half_the_plateau_and_then_not_judged():
