@@ -31,7 +31,9 @@ rule bench_ceilings:
     params:
         ceilings=config["ceilings"],
         # The matrix's sizes: the ceilings are measured at each tensor size a cell uses.
-        bench={k: config["bench"][k] for k in ("ops", "sizes", "dtypes", "max_tensor_mib")},
+        bench={
+            k: config["bench"][k] for k in ("ops", "sizes", "dtypes", "max_tensor_mib")
+        },
         mlp=config["mlp"],
         timing=config["timing"],
         strict=config["strict"],
