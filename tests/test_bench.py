@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,11 +36,28 @@ from gpulab.bench.sizes import (
     STUDY_GELU_ELEMENTS,
     TARGET_SOFTMAX,
     auto_sizes,
+    matrix_tensor_bytes,
     max_tensor_bytes,
     resolve_sizes,
 )
-from gpulab.ceilings import CEILINGS, Ceilings, Hit, above_ceiling, curve_sizes, mark_best
+from gpulab.ceilings import (
+    CEILINGS,
+    LATENCY_FRACTION,
+    SCREEN_REPS,
+    Ceilings,
+    Hit,
+    above_ceiling,
+    ceiling_sizes,
+    mark_best,
+    measure_ceilings,
+    measure_pattern,
+    placement,
+    plateau_bytes,
+    regime,
+    screen_sweep,
+)
 from gpulab.device import DeviceInfo
+from gpulab.tables import SchemaError
 from gpulab.timing import TimingSettings, parse_times, rotation_sets
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
@@ -304,8 +322,82 @@ def test_ceiling_lookup_takes_the_best_method_at_the_nearest_size_of_the_pattern
     assert ceilings.lookup("add", "fp16", 2**20).gbps == 8.0  # another dtype's when fp16 was not measured
     assert ceilings.read_gbps("bf16") == 20.0 and ceilings.copy_gbps("fp32") == 16.0
     assert math.isnan(ceilings.lookup("matmul", "fp32", 1).gbps)
-    assert curve_sizes(2**30) == [2**18, 2**20, 2**22, 2**24, 2**26, 2**28, 2**30]
-    assert curve_sizes(16 * 2**20)[-1] == 16 * 2**20 and curve_sizes(5 * 2**20)[-1] == 16 * 2**20
+
+
+def test_ceiling_lookup_is_exact_at_every_size_the_ceilings_measured():
+    odd = ODD_ELEMENTS * 4  # 393 728 bytes: between 256 KiB and 1 MiB, nearer 256 KiB in log size
+    rows = _ceiling_rows({"copy": 8.0}, sizes=(2**18, odd, 2**20), dtypes=("fp32",))
+    ceilings = Ceilings(CEILINGS.frame(rows))
+    hit = ceilings.lookup("copy", "fp32", odd)
+    assert hit.tensor_bytes == odd and hit.gbps == 16.0 and hit.method == "torch"  # not 256 KiB's 8.0
+    assert hit.plateau == 16.0 and ceilings.largest("copy", "fp32") == 16.0
+    assert ceilings.lookup("copy", "fp32", odd + 4).tensor_bytes == odd  # off the matrix: the nearest
+
+
+def test_the_ceilings_are_measured_at_the_matrix_sizes_and_the_plateau_only():
+    matrix = matrix_tensor_bytes(["gelu", "softmax", "add"], "auto", ["fp32", "bf16"], CPU)
+    assert matrix["copy"]["fp32"] == sorted({n * 4 for n in (ODD_ELEMENTS, 2**20, 2**22, 1823 * 781, 1024 * 1024,
+                                                             64 * 65536)})
+    assert matrix["add"]["bf16"] == [n * 2 for n in (ODD_ELEMENTS, 2**20, 2**22)] and "read" not in matrix
+    assert plateau_bytes(matrix, "bf16", 1) == 2**23 and plateau_bytes(matrix, "fp16", 7) == 7
+    assert ceiling_sizes(matrix, "read", "fp32", 2**24) == [2**24]  # the decode roofline's plateau only
+    assert ceiling_sizes(matrix, "add", "fp32", 2**22) == [ODD_ELEMENTS * 4, 2**22]  # above the plateau: not measured
+    sized = matrix_tensor_bytes(["gelu"], {"gelu": [1000, 3000]}, ["fp32"], CPU)
+    assert sized == {"copy": {"fp32": [4000, 12000]}}
+    rows = measure_ceilings({"dtypes": ["fp32"], "matmul_n": 64}, FAST, target="t", fingerprint="f",
+                            matrix=sized, device=CPU)
+    measured = {(r["kind"], r["tensor_bytes"]) for r in rows if r["kind"] != "matmul" and r["status"] == "ok"}
+    assert measured == {("copy", 4000), ("copy", 12000), ("read", 12000), ("add", 12000)}
+
+
+def test_the_triton_sweep_is_screened_and_only_contenders_are_timed_in_full():
+    medians = {"triton b1 w1": 1.0, "triton b2 w2": 1.09, "triton b3 w3": 1.5, "triton b4 w4": None, "torch.add": 9.0}
+    calls = []
+
+    def timed(name, builder, settings):
+        calls.append((name, settings.min_reps))
+        if medians[name] is None:
+            return {"status": "failed", "reason": "does not compile"}
+        return {"status": "ok", "reason": "", "median_ms": medians[name], "reps": settings.min_reps}
+
+    behind = screen_sweep({name: object() for name in medians}, FAST, timed)
+    assert set(behind) == {"triton b3 w3", "triton b4 w4"} and behind["triton b4 w4"]["status"] == "failed"
+    assert behind["triton b3 w3"]["reason"].startswith("screened out: 1.5x the time of triton b1 w1 in 10 ")
+    assert "torch.add" not in {name for name, _ in calls} and {reps for _, reps in calls} == {SCREEN_REPS}
+    # Through a real measurement: every method keeps its row, the loser with its screen's timing (a sleep, so
+    # that other jobs on a shared CPU cannot make the fast one as slow).
+    fast = lambda ins, out: (lambda: out.copy_(ins[0]))  # noqa: E731
+    slow = lambda ins, out: (lambda: time.sleep(0.1))  # noqa: E731
+    rows = measure_pattern("copy", "fp32", 2**20, {"triton b1 w1": fast, "triton b2 w2": slow, "memcpy": fast},
+                           FAST, CPU)
+    by_method = {r["method"]: r for r in rows}
+    assert [r["status"] for r in rows] == ["ok"] * 3 and by_method["triton b2 w2"]["reason"].startswith("screened")
+    assert by_method["triton b1 w1"]["reason"] == "" and by_method["memcpy"]["reason"] == ""
+
+
+def test_a_size_is_latency_bound_below_half_the_plateau_and_then_not_judged():
+    assert LATENCY_FRACTION == 0.5
+    assert regime(50.0, 100.0) == "bandwidth" and regime(49.99, 100.0) == "latency"
+    assert regime(10.0, math.nan) == "bandwidth" and regime(math.nan, 100.0) == ""
+    latency = placement(1000.0, Hit(40.0, 2**18, "memcpy", 1.01, plateau=100.0), 1.01)
+    assert latency["regime"] == "latency" and math.isnan(latency["pct_of_ceiling"])
+    assert latency["above_ceiling"] is None and latency["ceiling_gbps"] == 40.0 and latency["ceiling_bytes"] == 2**18
+    bandwidth = placement(45.0, Hit(50.0, 2**18, "memcpy", 1.01, plateau=100.0), 1.01)
+    assert bandwidth["regime"] == "bandwidth" and bandwidth["pct_of_ceiling"] == pytest.approx(90.0)
+    assert bandwidth["above_ceiling"] is False
+
+
+def test_a_planted_row_above_its_ceiling_is_flagged_and_shown_in_red(tmp_path):
+    # A ceiling far below anything the CPU does, at every size: bandwidth-bound (plateau alike), so judged.
+    slow = [{**r, "gbps": r["gbps"] * 1e-6} for r in _ceiling_rows({"add": 4.0}, sizes=(2**18,), dtypes=("fp32",))]
+    row = run_cell("add", "native", shapes=[(1 << 16,)], dtypes=["fp32"], settings=FAST, ctx=ctx(), fingerprint="fp",
+                   ceilings=Ceilings(CEILINGS.frame(slow)), progress=False)[0]
+    assert row["regime"] == "bandwidth" and row["above_ceiling"] is True and row["pct_of_ceiling"] > 1e4
+    planted = BENCH.frame([{"target": "local", "fingerprint": "fp", **row, "op": "gelu"}])
+    section = _section("local", tmp_path, planted)
+    assert len(section["above_ceiling"]) == 1
+    assert "1 row(s) exceed their ceiling" in _render(tmp_path / "results", "bench", section)
+    assert "1 benchmark row exceeds its ceiling" in _render(tmp_path / "results", "summary")
 
 
 def test_a_row_may_exceed_its_ceiling_only_by_the_spread_of_both():
@@ -455,13 +547,25 @@ def test_triton_kernels_are_correct_in_the_interpreter():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+def _bench_tables(run: Path) -> list[Path]:
+    return sorted(p for p in (run / "bench").glob("*.csv") if p.name != "ceilings.csv")
+
+
+def _in_current_schema(run: Path) -> bool:
+    try:
+        CEILINGS.read(run / "bench" / "ceilings.csv")
+        for path in _bench_tables(run):
+            BENCH.read(path)
+    except SchemaError:
+        return False
+    return True
+
+
 def _runs() -> list[str]:
-    """Recorded runs under tests/fixtures/bench (<target>/bench/*.csv) in the current schema."""
-    found = []
-    for run in sorted(p for p in FIXTURES.iterdir() if (p / "bench" / "ceilings.csv").is_file()):
-        if "best" in pd.read_csv(run / "bench" / "ceilings.csv", nrows=1).columns:
-            found.append(run.name)
-    return found
+    """Recorded runs under tests/fixtures/bench (<target>/bench/*.csv) in the current schema; older ones are
+    skipped (refresh them from a run of the workflow: tests/fixtures/bench/README.md)."""
+    runs = sorted(p for p in FIXTURES.iterdir() if (p / "bench" / "ceilings.csv").is_file())
+    return [run.name for run in runs if _in_current_schema(run)]
 
 
 RUNS = _runs()
@@ -488,21 +592,39 @@ def _section(run: str, tmp_path: Path, extra_rows: pd.DataFrame | None = None) -
     return bench.build(ReportContext(ResultsIndex(root), root / "report.html", {}, "test"))
 
 
+def _render(results: Path, name: str, data: dict | None = None) -> str:
+    """One report section's HTML over ``results`` (from ``data`` when already built), whitespace collapsed."""
+    import importlib
+
+    from gpulab.report.render import ReportContext, environment
+    from gpulab.report.results import ResultsIndex
+
+    module = importlib.import_module(f"gpulab.report.sections.{name}")
+    ctx = ReportContext(ResultsIndex(results), results.parent / "report.html", {}, "test")
+    html = environment().get_template(module.TEMPLATE).render(ctx=ctx, **(data or module.build(ctx)))
+    return " ".join(html.split())
+
+
 def test_the_recorded_runs_exist_in_the_current_schema():
     assert "local" in RUNS, "tests/fixtures/bench/local: refresh it from a CPU run of the workflow (see README.md)"
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_no_ok_row_exceeds_its_ceiling_beyond_the_spread(run):
+def test_no_ok_bandwidth_row_exceeds_its_ceiling_beyond_the_spread(run):
     ceilings = Ceilings.load(FIXTURES / run / "bench" / "ceilings.csv")
-    rows = pd.concat([BENCH.read(p) for p in sorted((FIXTURES / run / "bench").glob("*.csv"))
-                      if p.name != "ceilings.csv"], ignore_index=True)
+    rows = pd.concat([BENCH.read(p) for p in _bench_tables(FIXTURES / run)], ignore_index=True)
     ok = rows[rows["status"] == "ok"]
     assert not ok.empty and ok["pattern"].isin(["copy", "add"]).all() and ok["stable"].notna().all()
+    assert ok["regime"].isin(["bandwidth", "latency"]).all()
     above = []
     for r in ok.itertuples(index=False):
         hit = ceilings.lookup(r.pattern, r.dtype, r.tensor_bytes)
         assert hit.gbps == pytest.approx(r.ceiling_gbps) and hit.method == r.ceiling_method
+        # Measured at the row's own size, and the regime follows from it.
+        assert hit.tensor_bytes == r.tensor_bytes and hit.regime == r.regime, (r.op, r.size, r.dtype)
+        if r.regime == "latency":
+            assert pd.isna(r.pct_of_ceiling) and pd.isna(r.above_ceiling)
+            continue
         if above_ceiling(r.gbps, hit, r.p90_ms / r.p10_ms):
             above.append(f"{r.op}/{r.impl} {r.size} {r.dtype}: {r.gbps:.4g} GB/s vs {hit.gbps:.4g} ({hit.method})")
     assert not above, "rows above their ceiling (the ceiling is not trustworthy):\n" + "\n".join(above)
@@ -557,7 +679,7 @@ def test_triton_ceiling_kernels_are_correct_in_the_interpreter():
 def h100_section(tmp_path_factory):
     """The report section over the benchmark rows measured on an H100 (tests/fixtures/bench/h100)."""
     if "h100" not in RUNS:
-        pytest.skip("tests/fixtures/bench/h100 predates the per-pattern ceilings: refresh it from a GPU run")
+        pytest.skip("tests/fixtures/bench/h100 predates the current schema: refresh it from a GPU run")
     return _section("h100", tmp_path_factory.mktemp("h100"))
 
 

@@ -2,13 +2,20 @@
 
 Numbers from spec sheets are not ceilings, and neither is one method: a ceiling is the fastest of every
 way this machine was measured to do the same accesses, with the project's timing function. Memory
-patterns, over tensor sizes from 256 KiB up to at least the largest tensor the benchmark matrix uses:
+patterns are measured at the exact tensor sizes the benchmark matrix uses (per pattern and dtype, from
+the same ``resolve_sizes`` the benchmark cells use), so every row is placed against a ceiling taken at
+its own size, plus the largest size, whose rate is the pattern's *plateau* (the bandwidth a large
+transfer reaches; a decode roofline uses the read plateau):
 
 - ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (block/warp sweep).
 - ``copy`` (one read, one write): the runtime's memcpy (``copy_``); ``torch.neg`` into a buffer;
   a Triton copy (sweep).
 - ``add`` (two reads, one write): ``torch.add`` into a buffer; a Triton add (sweep); the C++
   extension's vectorized ``vector_add``.
+
+Where even the best method reaches less than half of the plateau (small tensors: a call takes a few
+microseconds and launch and first-access latency, not bandwidth, set the time) the size is
+*latency-bound*: a percentage of bandwidth means little there, so rows of that size are not given one.
 
 Matmul: ``torch.matmul`` over 4096³, 8192³ and the MLP's own GEMM shapes per dtype (smaller on CPU).
 Every method's row is kept (``best`` marks the winner of each pattern, dtype and size), so a reader sees
@@ -21,7 +28,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,7 +69,10 @@ CEILINGS = TableSchema(
 PATTERN_TRANSFERS = {"read": 1, "copy": 2, "add": 3}
 PATTERN_INPUTS = {"read": 1, "copy": 1, "add": 2}
 MEMORY_PATTERNS = tuple(PATTERN_TRANSFERS)
-SMALLEST_TENSOR = 256 * 2**10
+MiB = 2**20
+# A size is latency-bound when its ceiling is below this share of the pattern's plateau (its ceiling at the
+# largest measured size): the best method itself cannot approach bandwidth there.
+LATENCY_FRACTION = 0.5
 SQUARE_SIDES = (4096, 8192)
 # One CPU product should take at most this long: CPUs without native fp16/bf16 matrix instructions emulate
 # them (seen: 5 s for one 1024^3 bf16 product on a 2-core VM).
@@ -70,20 +80,36 @@ CPU_MATMUL_PROBE_S = 0.2
 CPU_SIDE = 1024
 MIN_MATMUL_N = 128
 
+# The Triton sweep (kernels/triton/ceiling.py SWEEP) is screened before it is timed in full: only launch
+# shapes within SCREEN_MARGIN of the fastest in a short screen (a tenth of a measurement, at least
+# SCREEN_REPS repetitions) can set the ceiling. At a bandwidth-bound size one configuration's p90/p10
+# spread is ~1% on a GPU, so one 10% behind cannot win; where the screen errs, the ceiling is too low and
+# the invariant (above_ceiling) flags the rows that beat it.
+SWEEP_PREFIX = "triton b"
+SCREEN_MARGIN = 1.10
+SCREEN_REPS = 10
+
 Closure = Callable[[], object]
 # A method builds its closure from (inputs, output buffer); or it is a string: why it cannot run here.
 Builder = Callable[[Sequence[Any], Any], Closure]
 
 
-def curve_sizes(max_tensor_bytes: int, smallest: int = SMALLEST_TENSOR) -> list[int]:
-    """Tensor sizes of the memory ceilings: powers of four from ``smallest`` up to and including the
-    first at or above ``max_tensor_bytes`` (the largest tensor the benchmark matrix uses)."""
-    sizes, size = [], smallest
-    while True:
-        sizes.append(size)
-        if size >= max_tensor_bytes:
-            return sizes
-        size *= 4
+# Bytes of one tensor of each case of the benchmark matrix: pattern -> dtype -> sizes
+# (gpulab.bench.sizes.matrix_tensor_bytes).
+MatrixBytes = Mapping[str, Mapping[str, Sequence[int]]]
+
+
+def plateau_bytes(matrix: MatrixBytes, dtype: str, fallback: int) -> int:
+    """The largest tensor of ``dtype`` the matrix uses (any pattern), where every pattern's plateau is
+    measured; ``fallback`` (the matrix's size cap) for a dtype the matrix does not use."""
+    return max((b for by_dtype in matrix.values() for b in by_dtype.get(dtype, ())), default=fallback)
+
+
+def ceiling_sizes(matrix: MatrixBytes, pattern: str, dtype: str, largest: int) -> list[int]:
+    """Tensor sizes one memory pattern is measured at in ``dtype``, ascending: every size the matrix uses
+    for it up to ``largest``, and ``largest`` itself (the plateau). Nothing else: a size no row and no
+    roofline looks up is not measured."""
+    return sorted({*(int(b) for b in matrix.get(pattern, {}).get(dtype, ()) if b <= largest), int(largest)})
 
 
 def _gpu_reasons(info: DeviceInfo, target: str) -> tuple[str, str]:
@@ -163,21 +189,51 @@ def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mappin
     n_sets = rotation_sets(timing, info, (PATTERN_INPUTS[pattern] + 1) * tensor_bytes)
     sets = [([torch.randn(numel, device=dev).to(tdtype) for _ in range(PATTERN_INPUTS[pattern])],
              torch.empty(numel, device=dev, dtype=tdtype)) for _ in range(n_sets)]
-    rows = []
-    for name, builder in methods.items():
-        if isinstance(builder, str):
-            rows.append({**base, "method": name, "status": "skipped", "reason": builder})
-            continue
+
+    def timed(name: str, builder: Builder, settings: TimingSettings) -> dict[str, Any]:
         try:
-            row = timed_row([builder(ins, out) for ins, out in sets], timing, info)
+            row = timed_row([builder(ins, out) for ins, out in sets], settings, info)
         except Exception as exc:  # one method failing (e.g. a Triton config that does not compile) is recorded
             log.warning("%s %s %s %s: %s", pattern, dtype, tensor_bytes, name, exc)
             row = {"status": "oom" if "out of memory" in str(exc).lower() else "failed",
                    "reason": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
         if row["status"] == "ok":
             row["gbps"] = moved / (row["median_ms"] / 1e3) / 1e9
+        return row
+
+    behind = screen_sweep(methods, timing, timed)
+    rows = []
+    for name, builder in methods.items():
+        if isinstance(builder, str):
+            row = {"status": "skipped", "reason": builder}
+        else:
+            row = behind.get(name) or timed(name, builder, timing)
         rows.append({**base, "method": name, **row})
     return rows
+
+
+def screen_settings(timing: TimingSettings) -> TimingSettings:
+    """A tenth of a full measurement (at least SCREEN_REPS repetitions), to rank the sweep's launch shapes."""
+    return replace(timing, min_time_s=timing.min_time_s / 10, max_wall_s=timing.max_wall_s / 10,
+                   min_reps=SCREEN_REPS, max_reps=max(SCREEN_REPS, timing.max_reps // 10))
+
+
+def screen_sweep(methods: Mapping[str, Builder | str], timing: TimingSettings,
+                 timed: Callable[[str, Builder, TimingSettings], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The Triton sweep's configurations that cannot set the ceiling, with their screen rows: each is timed
+    briefly, and one whose screened median is more than SCREEN_MARGIN behind the fastest screened one is not
+    timed in full (its row keeps the screen's timing and says so). The others are timed in full by the caller."""
+    sweep = {n: b for n, b in methods.items() if n.startswith(SWEEP_PREFIX) and not isinstance(b, str)}
+    if len(sweep) < 2:
+        return {}
+    screened = {name: timed(name, builder, screen_settings(timing)) for name, builder in sweep.items()}
+    ok = {name: row["median_ms"] for name, row in screened.items() if row["status"] == "ok"}
+    if not ok:
+        return screened
+    best = min(ok, key=ok.__getitem__)
+    return {name: {**row, "reason": f"screened out: {ok[name] / ok[best]:.3g}x the time of {best} in "
+                   f"{row['reps']} screening repetitions; not timed in full"} if name in ok else row
+            for name, row in screened.items() if name not in ok or ok[name] > SCREEN_MARGIN * ok[best]}
 
 
 def fit_cpu_matmul(n: int, dtype: Any, probe_s: float = CPU_MATMUL_PROBE_S) -> int:
@@ -249,23 +305,28 @@ def measure_ceilings(
     *,
     target: str,
     fingerprint: str,
+    matrix: MatrixBytes | None = None,
     max_tensor_bytes: int | None = None,
     gemms: Sequence[Gemm] = (),
     device: DeviceInfo | None = None,
 ) -> list[dict[str, Any]]:
-    """Every ceiling row of one target (the rule bench_ceilings)."""
+    """Every ceiling row of one target (the rule bench_ceilings): memory patterns at the sizes ``matrix``
+    uses and at the plateau size (``ceilings.copy_mib`` MiB, else the matrix's largest tensor of the dtype,
+    else ``max_tensor_bytes``), matmul over its shapes."""
     from gpulab.bench.sizes import max_tensor_bytes as bench_max_bytes
 
     info = device or detect()
+    matrix = matrix or {}
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
     copy_mib = config.get("copy_mib", "auto")
-    largest = (max_tensor_bytes or bench_max_bytes(info)) if copy_mib == "auto" else int(copy_mib) * 2**20
+    fallback = max_tensor_bytes or bench_max_bytes(info)
     triton_reason, ext_reason = _gpu_reasons(info, target)
     rows: list[dict[str, Any]] = []
     for pattern in MEMORY_PATTERNS:
         methods = pattern_methods(pattern, triton_reason, ext_reason)
-        for size in curve_sizes(largest):
-            for dtype in dtypes:
+        for dtype in dtypes:
+            largest = plateau_bytes(matrix, dtype, fallback) if copy_mib == "auto" else int(copy_mib) * MiB
+            for size in ceiling_sizes(matrix, pattern, dtype, largest):
                 rows += with_state(info, partial(measure_pattern, pattern, dtype, size, methods, timing, info))
                 log.info("%s %s %s: best %.4g GB/s", pattern, dtype, size,
                          max((r.get("gbps") or 0.0) for r in rows[-len(methods):]))
@@ -276,14 +337,30 @@ def measure_ceilings(
     return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
 
 
+def regime(ceiling_gbps: float, plateau_gbps: float) -> str:
+    """``latency`` where the ceiling at a size is below LATENCY_FRACTION of the pattern's plateau (the best
+    method cannot approach bandwidth there), ``bandwidth`` otherwise, ``""`` without a ceiling."""
+    if math.isnan(ceiling_gbps):
+        return ""
+    if not math.isnan(plateau_gbps) and ceiling_gbps < LATENCY_FRACTION * plateau_gbps:
+        return "latency"
+    return "bandwidth"
+
+
 @dataclass(frozen=True)
 class Hit:
-    """The ceiling a row is placed against: its rate, the size it was measured at, who won, its spread."""
+    """The ceiling a row is placed against: its rate, the size it was measured at, who won, its spread,
+    and the pattern's plateau (its ceiling at the largest measured size, same dtype)."""
 
     gbps: float
     tensor_bytes: float
     method: str
     spread: float  # p90 / p10 of the ceiling's repetition times
+    plateau: float = math.nan
+
+    @property
+    def regime(self) -> str:
+        return regime(self.gbps, self.plateau)
 
 
 MISS = Hit(math.nan, math.nan, "", math.nan)
@@ -303,24 +380,31 @@ class Ceilings:
         t = self.table
         return t[(t["kind"] == kind) & (t["status"] == "ok") & (t["best"].astype(str).str.lower() == "true")]
 
-    def lookup(self, pattern: str, dtype: str, tensor_bytes: float) -> Hit:
-        """The pattern's ceiling at the measured size nearest ``tensor_bytes`` (in log size), in ``dtype``
-        (another dtype's when this one was not measured)."""
+    def _of(self, pattern: str, dtype: str) -> pd.DataFrame:
+        """The pattern's ceilings in ``dtype`` (every dtype's when this one was not measured)."""
         rows = self.best(pattern)
-        if rows.empty:
-            return MISS
         same = rows[rows["dtype"] == dtype]
         rows = same if not same.empty else rows
-        sizes = pd.to_numeric(rows["tensor_bytes"], errors="coerce").astype(float)
-        distance = (np.log(sizes) - math.log(max(float(tensor_bytes), 1.0))).abs()
+        return rows.assign(_bytes=pd.to_numeric(rows["tensor_bytes"], errors="coerce").astype(float))
+
+    def lookup(self, pattern: str, dtype: str, tensor_bytes: float) -> Hit:
+        """The pattern's ceiling at ``tensor_bytes`` in ``dtype``: exact where that size was measured (every
+        size of the benchmark matrix is), else at the nearest measured size (in log size)."""
+        rows = self._of(pattern, dtype)
+        if rows.empty:
+            return MISS
+        distance = (np.log(rows["_bytes"]) - math.log(max(float(tensor_bytes), 1.0))).abs()
         # Ties between dtypes at one size: the faster, so the fallback never understates the ceiling.
         hit = rows.assign(_d=distance.round(9)).sort_values(["_d", "gbps"], ascending=[True, False]).iloc[0]
         return Hit(float(hit["gbps"]), float(hit["tensor_bytes"]), str(hit["method"]),
-                   float(hit["p90_ms"]) / float(hit["p10_ms"]))
+                   float(hit["p90_ms"]) / float(hit["p10_ms"]), self.largest(pattern, dtype))
 
     def largest(self, pattern: str, dtype: str) -> float:
-        """The pattern's ceiling at its largest measured size (GB/s), e.g. for a decode roofline."""
-        return self.lookup(pattern, dtype, math.inf).gbps
+        """The pattern's plateau: its ceiling at the largest measured size (GB/s), e.g. for a decode roofline."""
+        rows = self._of(pattern, dtype)
+        if rows.empty:
+            return math.nan
+        return float(rows.sort_values(["_bytes", "gbps"], ascending=[False, False])["gbps"].iloc[0])
 
     def copy_gbps(self, dtype: str = "fp32") -> float:
         return self.largest("copy", dtype)
@@ -328,9 +412,14 @@ class Ceilings:
     def read_gbps(self, dtype: str = "fp32") -> float:
         return self.largest("read", dtype)
 
-    def copy_gbps_for(self, bytes_moved: float) -> float:
-        """The copy ceiling at the size moving about ``bytes_moved`` bytes (read + written)."""
-        return self.lookup("copy", "fp32", bytes_moved / 2).gbps
+    def regimes(self) -> pd.Series:
+        """Per row of the table: the regime of its memory pattern, dtype and size (empty for matmul and
+        rows that are not ok)."""
+        t = self.table
+        return pd.Series([self.lookup(r.kind, r.dtype, r.tensor_bytes).regime
+                          if r.kind in PATTERN_TRANSFERS and r.status == "ok" else ""
+                          for r in t[["kind", "dtype", "tensor_bytes", "status"]].itertuples(index=False)],
+                         index=t.index, dtype=object)
 
     def matmul_tflops(self, dtype: str) -> float:
         rows = self.best("matmul")
@@ -351,3 +440,17 @@ def above_ceiling(gbps: float, ceiling: Hit, row_spread: float) -> bool:
         return False
     allowed = ceiling.gbps * (ceiling.spread if ceiling.spread == ceiling.spread else 1.0) * row_spread
     return bool(gbps > allowed)
+
+
+def placement(gbps: float, ceiling: Hit, row_spread: float) -> dict[str, Any]:
+    """A benchmark row's ceiling columns. A latency-bound row keeps its ceiling but gets no percentage and
+    is not judged by the invariant (``above_ceiling`` empty): bandwidth is not what sets its time."""
+    latency = ceiling.regime == "latency"
+    return {
+        "ceiling_gbps": ceiling.gbps,
+        "ceiling_bytes": None if math.isnan(ceiling.tensor_bytes) else int(ceiling.tensor_bytes),
+        "ceiling_method": ceiling.method,
+        "regime": ceiling.regime,
+        "pct_of_ceiling": math.nan if latency else pct_of(gbps, ceiling.gbps),
+        "above_ceiling": None if latency else above_ceiling(gbps, ceiling, row_spread),
+    }

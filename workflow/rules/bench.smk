@@ -30,7 +30,10 @@ rule bench_ceilings:
         **gpu_resources,
     params:
         ceilings=config["ceilings"],
-        max_tensor_mib=config["bench"]["max_tensor_mib"],
+        # The matrix's sizes: the ceilings are measured at each tensor size a cell uses.
+        bench={
+            k: config["bench"][k] for k in ("ops", "sizes", "dtypes", "max_tensor_mib")
+        },
         mlp=config["mlp"],
         timing=config["timing"],
         strict=config["strict"],

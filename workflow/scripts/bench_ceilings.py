@@ -4,7 +4,7 @@ from gpulab.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.bench.sizes import max_tensor_bytes
+    from gpulab.bench.sizes import matrix_tensor_bytes, max_tensor_bytes
     from gpulab.build import load_from_manifest
     from gpulab.ceilings import CEILINGS, measure_ceilings
     from gpulab.device import detect
@@ -12,10 +12,12 @@ def main(step: Step) -> None:
 
     load_from_manifest(step.input.extension)  # the extension's vector_add is one of the add ceiling's methods
     info = detect()
+    bench = step.params.bench
     rows = measure_ceilings(
         step.params.ceilings, step.timing(), target=step.target, fingerprint=step.fingerprint,
-        # Up to at least the largest tensor the benchmark matrix uses.
-        max_tensor_bytes=max_tensor_bytes(info, step.params.max_tensor_mib),
+        # At exactly the tensor sizes the benchmark cells resolve, so each row finds its own.
+        matrix=matrix_tensor_bytes(bench["ops"], bench["sizes"], bench["dtypes"], info, bench["max_tensor_mib"]),
+        max_tensor_bytes=max_tensor_bytes(info, bench["max_tensor_mib"]),
         # The MLP's own GEMM shapes join the matmul ceiling's squares.
         gemms=gemm_shapes(resolve_shape(step.params.mlp, info)),
         device=info,

@@ -5,16 +5,18 @@ project's one timing function, and what is timed is the very closure that was ch
 cache is not flushed, closures over further input sets built the same way). The output of the last
 timed call is checked again and the inputs must still be unchanged. Every case becomes exactly one row
 whatever happens: ``ok``, ``incorrect`` (with its error figures), ``oom`` (the rest goes on),
-``skipped`` (implementation unavailable here, with the reason) or ``failed`` (it raised). Each ok row is
-placed against its access pattern's ceiling at the nearest measured size, says whether its timing was
-stable, and records the GPU's clocks, temperature, power and throttle reasons before and after.
+``skipped`` (implementation unavailable here, with the reason) or ``failed`` (it raised). Each ok row says
+whether its timing was stable and records the GPU's clocks, temperature, power and throttle reasons
+before and after. It is placed against its access pattern's ceiling at its own tensor size (the ceilings are
+measured at every size of the matrix; the nearest measured size only for a size outside it) and gets a
+``regime``: ``latency`` where that ceiling is below half the pattern's plateau, so bandwidth is not what
+sets the time (no percentage, not judged against the ceiling), else ``bandwidth``.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -34,7 +36,7 @@ from gpulab.bench.correctness import (
 )
 from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
-from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, above_ceiling, pct_of
+from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, placement
 from gpulab.device import DeviceInfo
 from gpulab.dtypes import ITEMSIZE, torch_dtype
 from gpulab.smi import gpu_state, state_text, throttled
@@ -68,13 +70,17 @@ BENCH = TableSchema(
         Column("gbps_p90", "float", "GB/s at the p10 time (the fast end of the spread)"),
         Column("gbps_p10", "float", "GB/s at the p90 time (the slow end of the spread)"),
         Column("gflops", "float", "flops / median time, GFLOP/s"),
-        Column("ceiling_gbps", "float", "the pattern's measured ceiling at the nearest measured tensor size "
+        Column("ceiling_gbps", "float", "the pattern's measured ceiling at this row's tensor size "
                "(bench/ceilings.csv: best of several methods)"),
-        Column("ceiling_bytes", "int", "tensor size that ceiling was measured at"),
+        Column("ceiling_bytes", "int", "tensor size that ceiling was measured at: tensor_bytes (exact), or the "
+               "nearest measured size when the ceilings were measured for another matrix"),
         Column("ceiling_method", "str", "the method that set that ceiling"),
-        Column("pct_of_ceiling", "float", "gbps as a percentage of ceiling_gbps"),
+        Column("regime", "str", "bandwidth | latency: the ceiling at this size is below half the pattern's "
+               "plateau (its ceiling at the largest size, same dtype): launch and first-access latency, not "
+               "bandwidth, set the time"),
+        Column("pct_of_ceiling", "float", "gbps as a percentage of ceiling_gbps; empty for latency rows"),
         Column("above_ceiling", "bool", "gbps exceeds the ceiling by more than the spread (p90/p10) of both: "
-               "then the ceiling is not trustworthy"),
+               "then the ceiling is not trustworthy; empty for latency rows (not judged)"),
         Column("method", "str", "how the time was taken: timer, cache policy, reps"),
         *STATE_COLUMNS,
     ),
@@ -185,11 +191,7 @@ def run_case(
         "gbps_p90": bytes_moved / (row["p10_ms"] / 1e3) / 1e9,
         "gbps_p10": bytes_moved / (row["p90_ms"] / 1e3) / 1e9,
         "gflops": spec.flops(case.shape) / (row["median_ms"] / 1e3) / 1e9,
-        "ceiling_gbps": ceiling.gbps,
-        "ceiling_bytes": None if math.isnan(ceiling.tensor_bytes) else int(ceiling.tensor_bytes),
-        "ceiling_method": ceiling.method,
-        "pct_of_ceiling": pct_of(gbps, ceiling.gbps),
-        "above_ceiling": above_ceiling(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
+        **placement(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
         "method": f"{row['timer']}, median of {row['reps']} reps, cache {row['cache_policy']}",
     }
 

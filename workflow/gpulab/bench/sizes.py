@@ -14,6 +14,7 @@ from typing import Any
 
 from gpulab.bench.ops import Shape, op_spec, parse_shape
 from gpulab.device import DeviceInfo
+from gpulab.dtypes import ITEMSIZE
 
 MiB = 2**20
 ODD_ELEMENTS = 98_432
@@ -70,3 +71,16 @@ def resolve_sizes(op: str, sizes: str | Mapping[str, Sequence[Any]] | Sequence[A
     if not shapes:
         raise ValueError(f"{where} is empty")
     return list(dict.fromkeys(shapes))
+
+
+def matrix_tensor_bytes(ops: Sequence[str], sizes: str | Mapping[str, Sequence[Any]], dtypes: Sequence[str],
+                        info: DeviceInfo, max_tensor_mib: int | str = "auto") -> dict[str, dict[str, list[int]]]:
+    """Bytes of one tensor of every case of the benchmark matrix, per access pattern and dtype: the sizes
+    the ceilings are measured at (the same ``resolve_sizes`` the cells use, so every row finds its own)."""
+    out: dict[str, dict[str, set[int]]] = {}
+    for op in ops:
+        spec = op_spec(op)
+        for shape in resolve_sizes(op, sizes, info, max_tensor_mib):
+            for dtype in dtypes:
+                out.setdefault(spec.pattern, {}).setdefault(dtype, set()).add(spec.numel(shape) * ITEMSIZE[dtype])
+    return {pattern: {dtype: sorted(b) for dtype, b in by_dtype.items()} for pattern, by_dtype in out.items()}

@@ -1,4 +1,5 @@
-"""Kernel benchmarks: per op, achieved bandwidth against the ceiling of its access pattern, speed-ups over
+"""Kernel benchmarks: per op, achieved bandwidth against the ceiling of its access pattern at the row's own
+size (latency-bound sizes, where even the ceiling is far from bandwidth, get no percentage), speed-ups over
 ``native``, the correctness gate's findings, timing stability and GPU throttling, rows above their
 ceiling (in red: the ceiling is then not trustworthy), the study's GeLU figures beside ours, and the
 performance goals of the benchmark issue checked against the rows."""
@@ -12,6 +13,7 @@ import pandas as pd
 
 from gpulab.bench.ops import OPS as OP_SPECS
 from gpulab.bench.registry import BASELINE
+from gpulab.ceilings import Ceilings
 from gpulab.dtypes import ITEMSIZE
 from gpulab.report import plots
 
@@ -56,6 +58,12 @@ def _size_order(df: pd.DataFrame) -> list[str]:
 
 
 SAME_SIZE = "ceiling (same size)"
+LATENCY_BOUND = "latency-bound"
+
+
+def regime_label(values: pd.Series) -> pd.Series:
+    """``latency`` as the report says it; tables from before the regime existed show nothing."""
+    return values.replace({"latency": LATENCY_BOUND}) if values is not None else values
 
 
 def above_ceiling(df: pd.DataFrame) -> pd.DataFrame:
@@ -118,6 +126,15 @@ def shape_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[s
     return plots.embed(fig, alt, caption, df[[c for c in data_columns if c in df.columns]])
 
 
+def with_regime(ceilings: pd.DataFrame) -> pd.DataFrame:
+    """The ceilings table with each memory row's regime (per target: latency-bound where the best method
+    at that size is below half the pattern's plateau); older tables without ``best`` as they are."""
+    if ceilings.empty or "best" not in ceilings.columns:
+        return ceilings
+    parts = [Ceilings(group).regimes() for _, group in ceilings.groupby("target", sort=False)]
+    return ceilings.assign(regime=regime_label(pd.concat(parts)))
+
+
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per ok cell: how many times faster than ``native`` on the same target, size and dtype."""
     ok = _ok(df)
@@ -140,8 +157,9 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
     best = best.sort_values(["target", "numel", "dtype"])
     return pd.DataFrame({
         "target": best["target"], "size": best["size"], "dtype": best["dtype"], "fastest": best["impl"],
-        "median ms": best["median_ms"], "GB/s": best["gbps"], "% of ceiling": best["pct_of_ceiling"],
-        "ceiling method": best["ceiling_method"], "stable": best["stable"], "× native": best["vs_native"],
+        "median ms": best["median_ms"], "GB/s": best["gbps"], "regime": regime_label(best.get("regime")),
+        "% of ceiling": best["pct_of_ceiling"], "ceiling method": best["ceiling_method"], "stable": best["stable"],
+        "× native": best["vs_native"],
     })
 
 
@@ -250,11 +268,12 @@ def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, l
             ylabel="GB/s (fewest bytes / median)", alt=f"{op}: achieved bandwidth against input size per "
             f"implementation and dtype on {label}, with the measured {pattern} ceiling",
             caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dashed: the {pattern} ceiling (best of several "
-                    f"methods) at its largest measured size; '{SAME_SIZE}': the {pattern} ceiling at the measured size "
-                    "nearest each case, which its '% of ceiling' is relative to.",
+                    f"methods) at its largest measured size; '{SAME_SIZE}': the {pattern} ceiling measured at each "
+                    "case's own size, which its '% of ceiling' is relative to. Where that line is below half the "
+                    "dashed one the size is latency-bound and has no '% of ceiling'.",
             data_columns=["impl", "size", "dtype", "status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
-                          "gbps", "pattern", "ceiling_gbps", "ceiling_method", "pct_of_ceiling", "rel_err",
-                          "cold_call_ms", "throttled", "reason"]))
+                          "gbps", "pattern", "ceiling_gbps", "ceiling_bytes", "ceiling_method", "regime",
+                          "pct_of_ceiling", "rel_err", "cold_call_ms", "throttled", "reason"]))
     ups = speedups(mine)
     ups = ups[ups["impl"] != BASELINE]
     if not ups.empty:
@@ -295,8 +314,9 @@ def build(ctx: Any) -> dict[str, Any] | None:
     gpu_targets = [t for t in targets if (ctx.devices.get(t) or {}).get("gpu_available")]
     study = study_gelu(frames.get("gelu", pd.DataFrame()), targets)
     ours = study[[f"{t} (ms)" for t in targets]] if targets else pd.DataFrame()
+    ceilings = with_regime(ceilings)
     ceiling_rows = ceilings[[c for c in ("target", "kind", "dtype", "size", "method", "best", "status", "gbps",
-                                         "tflops", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
+                                         "regime", "tflops", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
                                          "throttled", "reason") if c in ceilings.columns]]
     return {
         "ops": ops,

@@ -153,6 +153,17 @@ def ceiling_headlines(results: ResultsIndex, target: str) -> list[Headline]:
     return out
 
 
+def above_ceiling_rows(results: ResultsIndex, target: str) -> int:
+    """ok benchmark rows faster than their ceiling by more than the spread of both: then that ceiling is not
+    trustworthy, and every percentage of it overstates how close a kernel is to the hardware."""
+    count = 0
+    for path in sorted(results.path(target, "bench").glob("*.csv")):
+        ok = _ok_rows(results.read_csv(path, target))
+        if "above_ceiling" in ok.columns:
+            count += int(ok["above_ceiling"].astype(str).str.lower().eq("true").sum())
+    return count
+
+
 HEADLINES: tuple[Callable[[ResultsIndex, str], Headline | list[Headline]], ...] = (
     gelu_headline, llm_headline, mlp_headline, ceiling_headlines,
 )
@@ -255,6 +266,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
             "totals": totals,
             "problems": problems,
             "headlines": tiles,
+            "above_ceiling": above_ceiling_rows(ctx.results, target),
             "log_dir": ctx.link(log_dir) if (log_dir := ctx.results.path(target, "logs")).is_dir() else None,
         })
         for h in figures[target]:
