@@ -316,6 +316,7 @@ def measure_ceilings(
     from gpulab.bench.sizes import max_tensor_bytes as bench_max_bytes
 
     info = device or detect()
+    timing = timing.for_device(info)  # the screen scales its settings: auto values resolved first
     matrix = matrix or {}
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
     copy_mib = config.get("copy_mib", "auto")

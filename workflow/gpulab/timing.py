@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,11 @@ CPU_FLUSH_BYTES = 64 * 2**20
 MAX_MEAN_OVER_MEDIAN = 1.10
 MAX_CV = 0.10
 MIN_STABLE_REPS = 5
+# Wall-time cap of one measurement (``max_wall_s: auto``). On a CPU each repetition is preceded by a flush
+# that costs ~10-20 ms, which this cap, not the op, sets the cost of for small ops: 1 s still gives 50-100
+# repetitions, and the default CPU run spends minutes less flushing.
+GPU_MAX_WALL_S = 3.0
+CPU_MAX_WALL_S = 1.0
 # Largest allocation held during a block to move the op's outputs (several pages, so both the offset
 # within a page and the cache sets an output maps to change).
 LAYOUT_SHIM_BYTES = 64 * 2**10
@@ -47,7 +52,7 @@ class TimingSettings:
     min_time_s: float = 0.25
     min_reps: int = 10
     max_reps: int = 1000
-    max_wall_s: float = 3.0
+    max_wall_s: float | str = "auto"
     warmup_reps: int = 3
     flush_cache: bool = True
     blocks: int = 8
@@ -56,6 +61,12 @@ class TimingSettings:
     def from_config(cls, timing_config: Mapping[str, Any] | None) -> TimingSettings:
         known = {k: v for k, v in (timing_config or {}).items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+    def for_device(self, info: DeviceInfo) -> TimingSettings:
+        """These settings with ``auto`` values resolved for the device that measures."""
+        if self.max_wall_s != "auto":
+            return self
+        return replace(self, max_wall_s=GPU_MAX_WALL_S if info.gpu_available else CPU_MAX_WALL_S)
 
 
 @dataclass(frozen=True)
@@ -207,8 +218,8 @@ def measure(
     ``last``, when given, receives (closure index, return value) of the last timed call, so the caller
     can check what was timed.
     """
-    settings = settings or TimingSettings()
     info = device or detect()
+    settings = (settings or TimingSettings()).for_device(info)
     fns = list(fn) if isinstance(fn, Sequence) else [fn]
     if not fns:
         raise ValueError("measure() needs at least one closure")
