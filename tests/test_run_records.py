@@ -12,7 +12,7 @@ from gpulab.device import detect
 from gpulab.failures import failure_summary, final_error, log_offsets
 from gpulab.report.results import ResultsIndex
 from gpulab.report.sections.methodology import critical_path
-from gpulab.sources import kernel_sources, step_sources
+from gpulab.sources import PACKAGE_DIRS, kernel_sources, step_sources
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,13 @@ def test_step_sources_are_the_import_closure_and_data_files():
             "workflow/gpulab/timing.py", "workflow/gpulab/bench/__init__.py"} <= set(cell)
     assert not any(p.startswith(("workflow/gpulab/llm/", "workflow/gpulab/mlp/", "workflow/gpulab/report/"))
                    for p in cell)
-    assert not any(p.startswith("kernels/") for p in cell)  # per implementation, below
+    # The op kernels are inputs per implementation (below), though the implementation registry imports them all.
+    assert not {"kernels/triton/gelu.py", "kernels/triton/softmax.py", "kernels/triton/add.py"} & set(cell)
+    # Kernels imported as gpulab.kernels are followed into kernels/, relative imports included.
+    assert {"kernels/triton/ceiling.py", "kernels/triton/__init__.py", "kernels/__init__.py"} <= set(cell)
+    compile_ = step_sources("kernels_compile.py", REPO)
+    assert {"kernels/triton/launches.py", "kernels/triton/config.py", "workflow/gpulab/kernel_compile/job.py"} <= set(
+        compile_)
     assert "kernels/ext/ops.cpp" in step_sources("build_extension.py", REPO)
     assert "workflow/gpulab/llm/fast.py" in step_sources("llm_infer.py", REPO)
     assert "workflow/gpulab/mlp/model.py" in step_sources("mlp_profile.py", REPO)
@@ -31,9 +37,19 @@ def test_step_sources_are_the_import_closure_and_data_files():
     assert all((REPO / p).is_file() and not Path(p).is_absolute() for p in step_sources("llm_infer.py", REPO))
 
 
+def test_packaging_lists_every_package_where_the_sources_closure_reads_it():
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"": "workflow", **{k: v for k, v in PACKAGE_DIRS.items() if k != "gpulab"}}
+    on_disk = {".".join(p.parent.relative_to(REPO / "workflow").parts) for p in (REPO / "workflow/gpulab").rglob(
+        "__init__.py")} | {".".join(("gpulab", *p.parent.relative_to(REPO).parts)) for p in (REPO / "kernels").rglob(
+        "__init__.py")}
+    assert set(setuptools["packages"]) == on_disk
+
+
 def test_kernel_sources_per_implementation():
-    assert kernel_sources("triton", "softmax") == [
-        "kernels/triton/softmax.py", "kernels/triton/config.py", "kernels/triton/__init__.py"]
+    assert kernel_sources("triton", "softmax", REPO) == [
+        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/softmax.py"]
     assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op))
     assert kernel_sources("native", "gelu") == []
 
