@@ -375,6 +375,27 @@ __device__ __forceinline__ OnlineSoftmax warp_reduce_online(OnlineSoftmax a) {
     return a;
 }
 
+// Visits a row's chunks, UNROLL per thread and iteration: the iteration's loads first, then
+// `visit(chunk, j)` for each loaded chunk j, so that the loads are in flight together.
+template <typename T, bool VEC, int UNROLL, typename Visit>
+__device__ __forceinline__ void for_each_chunk_unrolled(const T* __restrict__ row, int64_t chunks, Visit visit) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    const int64_t step = blockDim.x;
+    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
+        float v[UNROLL][V];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) load_chunk<T, VEC>(row, j, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) visit(v[u], j);
+        }
+    }
+}
+
 // Rows too long for registers: an online pass for (max, sum), then a pass that writes the result (the
 // second read mostly hits L2: a wave of blocks touches far less than the cache holds).
 template <typename T, int WARP, bool VEC>
@@ -388,31 +409,18 @@ softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) 
     const int64_t chunks = cols / V;
     const T* xr = x + row * cols;
     T* yr = y + row * cols;
-    const int64_t step = blockDim.x;
 
     OnlineSoftmax acc;
-    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
-        float v[UNROLL][V];
+    for_each_chunk_unrolled<T, VEC, UNROLL>(xr, chunks, [&](float (&c)[V], int64_t) {
+        float cm = c[0];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) load_chunk<T, VEC>(xr, j, v[u]);
-        }
+        for (int k = 1; k < V; ++k) cm = fmaxf(cm, c[k]);
+        const float ref = cm == -INFINITY ? 0.0f : cm;
+        float cs = 0.0f;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) {
-                float cm = v[u][0];
-#pragma unroll
-                for (int k = 1; k < V; ++k) cm = fmaxf(cm, v[u][k]);
-                const float ref = cm == -INFINITY ? 0.0f : cm;
-                float cs = 0.0f;
-#pragma unroll
-                for (int k = 0; k < V; ++k) cs += expf(v[u][k] - ref);
-                acc.merge(cm, cs);
-            }
-        }
-    }
+        for (int k = 0; k < V; ++k) cs += expf(c[k] - ref);
+        acc.merge(cm, cs);
+    });
     acc = warp_reduce_online<WARP>(acc);
     const int lane = threadIdx.x % WARP;
     const int warp = threadIdx.x / WARP;
@@ -431,23 +439,11 @@ softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) 
     const float mx = total.m;
     const float inv = 1.0f / total.s;
 
-    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
-        float v[UNROLL][V];
+    for_each_chunk_unrolled<T, VEC, UNROLL>(xr, chunks, [&](float (&c)[V], int64_t j) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) load_chunk<T, VEC>(xr, j, v[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) {
-#pragma unroll
-                for (int k = 0; k < V; ++k) v[u][k] = expf(v[u][k] - mx);
-                store_chunk<T, VEC>(yr, j, v[u], inv);
-            }
-        }
-    }
+        for (int k = 0; k < V; ++k) c[k] = expf(c[k] - mx);
+        store_chunk<T, VEC>(yr, j, c, inv);
+    });
 }
 
 
