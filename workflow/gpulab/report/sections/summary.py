@@ -191,15 +191,14 @@ def outcomes(ctx: Any, target: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]
     """Per artifact the count of each status, and the rows that are not ok grouped by reason."""
     counts: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
+    rule_outputs = (ctx.config.get("_workflow") or {}).get("rule_outputs") or {}
     for relpath, frame in ctx.results.artifacts(target):
         step = relpath.rsplit(".", 1)[0]
         status = frame["status"].astype(str)
         counts.append({"artifact": step, **{s: int((status == s).sum()) for s in STATUSES}})
         bad = frame[status != "ok"]
         for (state, why), group in bad.groupby([bad["status"].astype(str), bad["reason"].astype(str)], sort=False):
-            hints = tuple(_plain(v) for c in ("impl", "variant", "engine", "model", "op", "tool") if c in group
-                          for v in group[c].dropna().unique())
-            logs = ctx.results.logs_for(target, relpath, hints)
+            logs = ctx.results.logs_for(target, relpath, group, rule_outputs)
             problems.append({
                 "artifact": step, "status": state, "rows": len(group), "cells": _cells(group),
                 "reason": why or "(no reason recorded)",
