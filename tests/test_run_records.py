@@ -4,6 +4,7 @@ the critical path of the benchmark records, and the report's refusal of cut-off 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,45 @@ def test_report_refuses_a_truncated_table(tmp_path, cut):
     assert index.table("bench/gelu.csv").empty
     assert any(p.path == "cpu/bench/gelu.csv" and "truncated table" in p.message for p in index.problems), \
         index.problems
+
+
+def _refresh_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("refresh", REPO / "tests" / "fixtures" / "refresh.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["refresh"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fixture_refresh_copies_each_areas_results_and_leaves_out_intermediates(tmp_path, monkeypatch):
+    import json
+
+    refresh = _refresh_module()
+    monkeypatch.setattr(refresh, "HERE", tmp_path / "fixtures")
+    run = tmp_path / "results" / "local"
+    files = {"env/env.json": json.dumps({"target": "local", "device": {"gpu_available": False}}),
+             "bench/gelu.csv": "target,fingerprint,status\nlocal,abc123,ok\n", "bench/cells/gelu__native.csv": "x\n",
+             "logs/bench_cell_gelu__native.log": "ran\n", "llm/models/tiny/config.json": "{}",
+             "llm/tiny__hf.csv": "target,status\nlocal,ok\n", "mlp/summary.csv": "target,status\nlocal,ok\n",
+             "../benchmarks/report_render.jsonl": json.dumps({"params": {"rule_outputs": {"all": []}}}) + "\n"}
+    for rel, text in files.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    (run / "mlp" / "trace_fp32.json.gz").write_bytes(b"0" * (refresh.MAX_FILE_BYTES + 1))
+
+    report = refresh.refresh(run, "report")
+    kept = {p.relative_to(report).as_posix() for p in report.rglob("*") if p.is_file()}
+    assert kept == {"env/env.json", "bench/gelu.csv", "logs/bench_cell_gelu__native.log", "llm/tiny__hf.csv",
+                    "mlp/summary.csv"}  # no intermediate, no model, nothing too large
+    assert report == tmp_path / "fixtures/report/results/cpu"
+    assert "cpu,abc123,ok" in (report / "bench/gelu.csv").read_text()  # renamed, its fingerprint kept
+    assert json.loads((tmp_path / "fixtures/report/rule_outputs.json").read_text()) == {"all": []}
+
+    bench = refresh.refresh(run, "bench", name="h100")
+    assert {p.name for p in bench.rglob("*") if p.is_file()} == {"gelu.csv", "env.json"}
+    assert "local,abc123,ok" in (bench / "bench/gelu.csv").read_text()  # a GPU area keeps the run's target
+    (run / "env/env.json").write_text(json.dumps({"device": {"gpu_available": True, "name": "H100"}}))
+    with pytest.raises(SystemExit, match="CPU run"):
+        refresh.refresh(run, "report")
