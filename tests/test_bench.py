@@ -527,6 +527,13 @@ def test_aggregate_orders_cells_and_keeps_the_schema(tmp_path):
         ["native", "8", "fp32"], ["native", "8", "bf16"], ["native", "4096", "fp32"], ["native", "4096", "bf16"]]
 
 
+def _run_in_triton_interpreter(code: str) -> None:
+    """Runs ``code`` in a fresh interpreter with TRITON_INTERPRET=1 (Triton reads it at import)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_triton_kernels_are_correct_in_the_interpreter():
     pytest.importorskip("triton")
     code = (
@@ -542,9 +549,7 @@ def test_triton_kernels_are_correct_in_the_interpreter():
         "w = torch.randn(3, 9000) * 3\n"
         "assert check('softmax', softmax(w, looped_block=1024), [w], 'fp32').passed\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
+    _run_in_triton_interpreter(code)
 
 
 def _bench_tables(run: Path) -> list[Path]:
@@ -670,9 +675,7 @@ def test_triton_ceiling_kernels_are_correct_in_the_interpreter():
         "    assert torch.equal(ceiling.add(x, y, out, block, warps), x + y)\n"
         "    assert abs(float(ceiling.read(x, partial, block, warps).sum()) - float(x.sum())) < 1e-2\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-2000:]
+    _run_in_triton_interpreter(code)
 
 
 @pytest.fixture(scope="module")

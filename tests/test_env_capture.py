@@ -95,16 +95,15 @@ def test_rocminfo_parser(fixtures):
     assert parse_rocminfo((fixtures / "env/rocminfo_no_gpu.stdout").read_text()) == []
 
 
+def _recorded_without_gpu(fixtures, tool: str, status: str, code: int, reason: str) -> ToolResult:
+    """What ``tool`` printed on the CPU-only dev machine (tests/fixtures/env/<tool>_no_gpu.*)."""
+    stem = fixtures / "env" / f"{tool.replace('-', '_')}_no_gpu"
+    return ToolResult(tool, (tool,), status, code, reason, stem.with_suffix(".stdout").read_text(),
+                      stem.with_suffix(".stderr").read_text())
+
+
 def test_rocm_smi_without_gpu_is_no_device(fixtures):
-    recorded = ToolResult(
-        "rocm-smi",
-        ("rocm-smi",),
-        "ok",
-        0,
-        "",
-        (fixtures / "env/rocm_smi_no_gpu.stdout").read_text(),
-        (fixtures / "env/rocm_smi_no_gpu.stderr").read_text(),
-    )
+    recorded = _recorded_without_gpu(fixtures, "rocm-smi", "ok", 0, "")
     result = _no_device_on_empty_output(recorded)
     assert result.status == "skipped"
     assert result.reason.startswith("no AMD GPU: ") and "amdgpu not found" in result.reason
@@ -176,15 +175,7 @@ def test_capture_on_this_machine(tmp_path):
 
 
 def test_rocminfo_without_amdgpu_module_is_no_device(fixtures):
-    recorded = ToolResult(
-        "rocminfo",
-        ("rocminfo",),
-        "failed",
-        1,
-        "exit status 1",
-        (fixtures / "env/rocminfo_no_gpu.stdout").read_text(),
-        (fixtures / "env/rocminfo_no_gpu.stderr").read_text(),
-    )
+    recorded = _recorded_without_gpu(fixtures, "rocminfo", "failed", 1, "exit status 1")
     result = _no_device_when_kernel_driver_absent(recorded)
     assert result.status == "skipped" and result.reason.startswith("no AMD GPU")
     broken = ToolResult("rocminfo", ("rocminfo",), "failed", 1, "exit status 1", "", "segfault")

@@ -149,15 +149,45 @@ def test_results_index_records_unreadable_files_and_labels_rows_by_directory(tmp
     assert "unreadable environment capture" in messages["h100-copy/env/env.json"]
 
 
-def test_logs_of_an_artifact_are_found_by_step_and_narrowed_by_hints(tmp_path):
-    logs = tmp_path / "t/logs"
-    logs.mkdir(parents=True)
-    for name in ("bench_run_gelu_triton", "bench_run_gelu_native", "bench_run_softmax_triton", "env_capture"):
-        (logs / f"{name}.log").write_text("")
+def test_logs_of_an_artifact_are_its_writers_or_for_an_aggregate_those_of_the_rows_cells(tmp_path):
+    rule_outputs = {"kernels_compile": ["results/{target}/build/kernels/{arch}.csv"],
+                    "kernels_aggregate": ["results/{target}/build/kernel_resources.csv"],
+                    "extension_build": ["results/{target}/build/extension.csv"],
+                    "bench_cell": ["results/{target}/bench/cells/{op}__{impl}.csv"],
+                    "bench_aggregate": ["results/{target}/bench/{op}.csv"],
+                    "llm_model_fetch": ["results/{target}/llm/models/{model}.json"],
+                    "llm_infer": ["results/{target}/llm/{model}__{engine}.csv"], "env_capture": []}
+    jobs = {  # job: (rule, wildcards, inputs), as Snakemake's benchmark records hold them; the run's target: local
+        "kernels_compile_gfx1151": ("kernels_compile", {"arch": "gfx1151"}, []),
+        "kernels_compile_sm_90": ("kernels_compile", {"arch": "sm_90"}, []),
+        "kernels_aggregate": ("kernels_aggregate", {}, ["build/kernels/gfx1151.csv", "build/kernels/sm_90.csv"]),
+        "extension_build": ("extension_build", {}, []),
+        "bench_cell_gelu__triton": ("bench_cell", {"op": "gelu", "impl": "triton"}, ["build/extension.csv"]),
+        "bench_cell_gelu__native": ("bench_cell", {"op": "gelu", "impl": "native"}, []),
+        "bench_aggregate_gelu": ("bench_aggregate", {"op": "gelu"},
+                                 ["bench/cells/gelu__triton.csv", "bench/cells/gelu__native.csv"]),
+        "llm_model_fetch_tiny": ("llm_model_fetch", {"model": "tiny"}, []),
+        "llm_infer_tiny__hf": ("llm_infer", {"model": "tiny", "engine": "hf"}, ["llm/models/tiny.json"]),
+    }
+    for sub in ("logs", "benchmarks"):
+        (tmp_path / "t" / sub).mkdir(parents=True)
+    for job, (rule, wildcards, inputs) in jobs.items():
+        (tmp_path / f"t/logs/{job}.log").write_text("")
+        record = {"rule_name": rule, "wildcards": {**wildcards, "target": "local"}, "s": 1.0,
+                  "input_size_mb": {f"results/local/{p}": 0.1 for p in inputs}}
+        (tmp_path / f"t/benchmarks/{job}.jsonl").write_text(json.dumps(record) + "\n")
     index = ResultsIndex(tmp_path)
-    assert [p.stem for p in index.logs_for("t", "bench/gelu.csv")] == ["bench_run_gelu_native", "bench_run_gelu_triton"]
-    assert [p.stem for p in index.logs_for("t", "bench/gelu.csv", ("triton",))] == ["bench_run_gelu_triton"]
-    assert [p.stem for p in index.logs_for("t", "env/tools.csv")] == ["env_capture"]
+
+    def logs(artifact, **row):
+        return [p.stem for p in index.logs_for("t", artifact, pd.DataFrame([row]), rule_outputs)]
+
+    # Not extension_build's or anything else named "build": the compile job of the failing rows' architecture.
+    assert logs("build/kernel_resources.csv", arch="gfx1151", op="gelu") == ["kernels_compile_gfx1151"]
+    assert logs("bench/gelu.csv", op="gelu", impl="triton") == ["bench_cell_gelu__triton"]
+    assert logs("build/extension.csv", op="gelu") == ["extension_build"]
+    # The model fetch is a prerequisite of the LLM table, not one of its cells.
+    assert logs("llm/tiny__hf.csv", model="tiny", engine="hf") == ["llm_infer_tiny__hf"]
+    assert index.logs_for("t", "bench/gelu.csv", pd.DataFrame([{"op": "gelu"}]), {}) == []  # no rule outputs
 
 
 def test_llm_headline_is_decode_of_the_studys_model_not_prefill_or_the_tiny_model(tmp_path):

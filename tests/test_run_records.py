@@ -4,6 +4,7 @@ the critical path of the benchmark records, and the report's refusal of cut-off 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from gpulab.device import detect
 from gpulab.failures import failure_summary, final_error, log_offsets
 from gpulab.report.results import ResultsIndex
 from gpulab.report.sections.methodology import critical_path
-from gpulab.sources import kernel_sources, step_sources
+from gpulab.sources import PACKAGE_DIRS, kernel_sources, step_sources
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +24,13 @@ def test_step_sources_are_the_import_closure_and_data_files():
             "workflow/gpulab/timing.py", "workflow/gpulab/bench/__init__.py"} <= set(cell)
     assert not any(p.startswith(("workflow/gpulab/llm/", "workflow/gpulab/mlp/", "workflow/gpulab/report/"))
                    for p in cell)
-    assert not any(p.startswith("kernels/") for p in cell)  # per implementation, below
+    # The op kernels are inputs per implementation (below), though the implementation registry imports them all.
+    assert not {"kernels/triton/gelu.py", "kernels/triton/softmax.py", "kernels/triton/add.py"} & set(cell)
+    # Kernels imported as gpulab.kernels are followed into kernels/, relative imports included.
+    assert {"kernels/triton/ceiling.py", "kernels/triton/__init__.py", "kernels/__init__.py"} <= set(cell)
+    compile_ = step_sources("kernels_compile.py", REPO)
+    assert {"kernels/triton/launches.py", "kernels/triton/config.py", "workflow/gpulab/kernel_compile/job.py"} <= set(
+        compile_)
     assert "kernels/ext/ops.cpp" in step_sources("build_extension.py", REPO)
     assert "workflow/gpulab/llm/fast.py" in step_sources("llm_infer.py", REPO)
     assert "workflow/gpulab/mlp/model.py" in step_sources("mlp_profile.py", REPO)
@@ -31,9 +38,19 @@ def test_step_sources_are_the_import_closure_and_data_files():
     assert all((REPO / p).is_file() and not Path(p).is_absolute() for p in step_sources("llm_infer.py", REPO))
 
 
+def test_packaging_lists_every_package_where_the_sources_closure_reads_it():
+    tomllib = pytest.importorskip("tomllib")
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {"": "workflow", **{k: v for k, v in PACKAGE_DIRS.items() if k != "gpulab"}}
+    on_disk = {".".join(p.parent.relative_to(REPO / "workflow").parts) for p in (REPO / "workflow/gpulab").rglob(
+        "__init__.py")} | {".".join(("gpulab", *p.parent.relative_to(REPO).parts)) for p in (REPO / "kernels").rglob(
+        "__init__.py")}
+    assert set(setuptools["packages"]) == on_disk
+
+
 def test_kernel_sources_per_implementation():
-    assert kernel_sources("triton", "softmax") == [
-        "kernels/triton/softmax.py", "kernels/triton/config.py", "kernels/triton/__init__.py"]
+    assert kernel_sources("triton", "softmax", REPO) == [
+        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/softmax.py"]
     assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op))
     assert kernel_sources("native", "gelu") == []
 
@@ -112,3 +129,45 @@ def test_report_refuses_a_truncated_table(tmp_path, cut):
     assert index.table("bench/gelu.csv").empty
     assert any(p.path == "cpu/bench/gelu.csv" and "truncated table" in p.message for p in index.problems), \
         index.problems
+
+
+def _refresh_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("refresh", REPO / "tests" / "fixtures" / "refresh.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["refresh"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fixture_refresh_copies_each_areas_results_and_leaves_out_intermediates(tmp_path, monkeypatch):
+    import json
+
+    refresh = _refresh_module()
+    monkeypatch.setattr(refresh, "HERE", tmp_path / "fixtures")
+    run = tmp_path / "results" / "local"
+    files = {"env/env.json": json.dumps({"target": "local", "device": {"gpu_available": False}}),
+             "bench/gelu.csv": "target,fingerprint,status\nlocal,abc123,ok\n", "bench/cells/gelu__native.csv": "x\n",
+             "logs/bench_cell_gelu__native.log": "ran\n", "llm/models/tiny/config.json": "{}",
+             "llm/tiny__hf.csv": "target,status\nlocal,ok\n", "mlp/summary.csv": "target,status\nlocal,ok\n",
+             "../benchmarks/report_render.jsonl": json.dumps({"params": {"rule_outputs": {"all": []}}}) + "\n"}
+    for rel, text in files.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    (run / "mlp" / "trace_fp32.json.gz").write_bytes(b"0" * (refresh.MAX_FILE_BYTES + 1))
+
+    report = refresh.refresh(run, "report")
+    kept = {p.relative_to(report).as_posix() for p in report.rglob("*") if p.is_file()}
+    assert kept == {"env/env.json", "bench/gelu.csv", "logs/bench_cell_gelu__native.log", "llm/tiny__hf.csv",
+                    "mlp/summary.csv"}  # no intermediate, no model, nothing too large
+    assert report == tmp_path / "fixtures/report/results/cpu"
+    assert "cpu,abc123,ok" in (report / "bench/gelu.csv").read_text()  # renamed, its fingerprint kept
+    assert json.loads((tmp_path / "fixtures/report/rule_outputs.json").read_text()) == {"all": []}
+
+    bench = refresh.refresh(run, "bench", name="h100")
+    assert {p.name for p in bench.rglob("*") if p.is_file()} == {"gelu.csv", "env.json"}
+    assert "local,abc123,ok" in (bench / "bench/gelu.csv").read_text()  # a GPU area keeps the run's target
+    (run / "env/env.json").write_text(json.dumps({"device": {"gpu_available": True, "name": "H100"}}))
+    with pytest.raises(SystemExit, match="CPU run"):
+        refresh.refresh(run, "report")

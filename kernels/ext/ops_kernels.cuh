@@ -122,35 +122,45 @@ constexpr int elementwise_unroll() {
 // Elementwise kernels
 // ---------------------------------------------------------------------------------------------------
 
+// Grid-stride loop over `nvec` vectors, UNROLL per thread and tile: `load(u, i)` for each of a tile's
+// vectors first, then `store(u, i)`, so that the tile's loads are in flight together.
+template <int UNROLL, typename Load, typename Store>
+__device__ __forceinline__ void for_each_vec_tile(int64_t nvec, Load load, Store store) {
+    const int64_t tile = static_cast<int64_t>(kElementwiseThreads) * UNROLL;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * tile + threadIdx.x; base < nvec;
+         base += static_cast<int64_t>(gridDim.x) * tile) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
+            if (i < nvec) load(u, i);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
+            if (i < nvec) store(u, i);
+        }
+    }
+}
+
 template <typename T, int UNROLL, typename Op>
 __global__ void __launch_bounds__(kElementwiseThreads)
 binary_vec_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n, Op op) {
     constexpr int V = kVecBytes / sizeof(T);
     using VecT = Vec<T>;
     const int64_t nvec = n / V;
-    const int64_t tile = static_cast<int64_t>(kElementwiseThreads) * UNROLL;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * tile + threadIdx.x; base < nvec;
-         base += static_cast<int64_t>(gridDim.x) * tile) {
-        VecT ra[UNROLL], rb[UNROLL];
+    VecT ra[UNROLL], rb[UNROLL];
+    for_each_vec_tile<UNROLL>(
+        nvec,
+        [&](int u, int64_t i) {
+            ra[u] = load_vec(a, i);
+            rb[u] = load_vec(b, i);
+        },
+        [&](int u, int64_t i) {
+            VecT r;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
-            if (i < nvec) {
-                ra[u] = load_vec(a, i);
-                rb[u] = load_vec(b, i);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
-            if (i < nvec) {
-                VecT r;
-#pragma unroll
-                for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(ra[u].v[k]), to_float(rb[u].v[k])));
-                store_vec(out, i, r);
-            }
-        }
-    }
+            for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(ra[u].v[k]), to_float(rb[u].v[k])));
+            store_vec(out, i, r);
+        });
     const int64_t tail = nvec * V;  // fewer than V elements remain
     if (blockIdx.x == 0 && tail + threadIdx.x < n) {
         const int64_t i = tail + threadIdx.x;
@@ -164,26 +174,15 @@ unary_vec_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n, Op op)
     constexpr int V = kVecBytes / sizeof(T);
     using VecT = Vec<T>;
     const int64_t nvec = n / V;
-    const int64_t tile = static_cast<int64_t>(kElementwiseThreads) * UNROLL;
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * tile + threadIdx.x; base < nvec;
-         base += static_cast<int64_t>(gridDim.x) * tile) {
-        VecT rx[UNROLL];
+    VecT rx[UNROLL];
+    for_each_vec_tile<UNROLL>(
+        nvec, [&](int u, int64_t i) { rx[u] = load_vec(x, i); },
+        [&](int u, int64_t i) {
+            VecT r;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
-            if (i < nvec) rx[u] = load_vec(x, i);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t i = base + static_cast<int64_t>(u) * kElementwiseThreads;
-            if (i < nvec) {
-                VecT r;
-#pragma unroll
-                for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(rx[u].v[k])));
-                store_vec(out, i, r);
-            }
-        }
-    }
+            for (int k = 0; k < V; ++k) r.v[k] = from_float<T>(op(to_float(rx[u].v[k])));
+            store_vec(out, i, r);
+        });
     const int64_t tail = nvec * V;
     if (blockIdx.x == 0 && tail + threadIdx.x < n) {
         const int64_t i = tail + threadIdx.x;
@@ -263,33 +262,29 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int64_t j, cons
     }
 }
 
-// One warp per row; the row lives in registers (ITERS chunks of V elements per lane).
-template <typename T, int WARP, int ITERS, bool VEC>
-__global__ void __launch_bounds__(kSoftmaxWarpBlockThreads)
-softmax_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
+// Softmax of one row held in registers: ITERS chunks of V elements per thread, chunk j = it * stride + first.
+// `reduce_max` and `reduce_sum` combine the threads that share the row (a warp, or a block).
+template <typename T, int ITERS, bool VEC, typename ReduceMax, typename ReduceSum>
+__device__ __forceinline__ void softmax_row_in_registers(const T* __restrict__ xr, T* __restrict__ yr,
+                                                         int64_t chunks, int64_t first, int64_t stride,
+                                                         ReduceMax reduce_max, ReduceSum reduce_sum) {
     constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    if (row >= rows) return;
-    const int64_t chunks = cols / V;  // VEC implies cols % V == 0
-    const int lane = threadIdx.x;
-    const T* xr = x + row * cols;
-    T* yr = y + row * cols;
     float v[ITERS][V];
     float mx = -INFINITY;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-        const int64_t j = static_cast<int64_t>(it) * WARP + lane;
+        const int64_t j = static_cast<int64_t>(it) * stride + first;
         if (j < chunks) {
             load_chunk<T, VEC>(xr, j, v[it]);
 #pragma unroll
             for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[it][k]);
         }
     }
-    mx = warp_reduce<WARP>(mx, MaxOp{});
+    mx = reduce_max(mx);
     float sum = 0.0f;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-        const int64_t j = static_cast<int64_t>(it) * WARP + lane;
+        const int64_t j = static_cast<int64_t>(it) * stride + first;
         if (j < chunks) {
 #pragma unroll
             for (int k = 0; k < V; ++k) {
@@ -298,13 +293,25 @@ softmax_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, in
             }
         }
     }
-    sum = warp_reduce<WARP>(sum, SumOp{});
-    const float inv = 1.0f / sum;
+    const float inv = 1.0f / reduce_sum(sum);
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-        const int64_t j = static_cast<int64_t>(it) * WARP + lane;
+        const int64_t j = static_cast<int64_t>(it) * stride + first;
         if (j < chunks) store_chunk<T, VEC>(yr, j, v[it], inv);
     }
+}
+
+// One warp per row; the row lives in registers (ITERS chunks of V elements per lane).
+template <typename T, int WARP, int ITERS, bool VEC>
+__global__ void __launch_bounds__(kSoftmaxWarpBlockThreads)
+softmax_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    if (row >= rows) return;
+    // VEC implies cols % V == 0
+    softmax_row_in_registers<T, ITERS, VEC>(
+        x + row * cols, y + row * cols, cols / V, threadIdx.x, WARP,
+        [](float m) { return warp_reduce<WARP>(m, MaxOp{}); }, [](float s) { return warp_reduce<WARP>(s, SumOp{}); });
 }
 
 // One block per row; the row lives in registers (ITERS chunks of V elements per thread).
@@ -315,40 +322,10 @@ softmax_block_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) {
     __shared__ float smem_max[kMaxBlockThreads / 32];
     __shared__ float smem_sum[kMaxBlockThreads / 32];
     const int64_t row = blockIdx.x;
-    const int64_t chunks = cols / V;
-    const T* xr = x + row * cols;
-    T* yr = y + row * cols;
-    float v[ITERS][V];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-        const int64_t j = static_cast<int64_t>(it) * blockDim.x + threadIdx.x;
-        if (j < chunks) {
-            load_chunk<T, VEC>(xr, j, v[it]);
-#pragma unroll
-            for (int k = 0; k < V; ++k) mx = fmaxf(mx, v[it][k]);
-        }
-    }
-    mx = block_reduce<WARP>(mx, smem_max, MaxOp{}, -INFINITY);
-    float sum = 0.0f;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-        const int64_t j = static_cast<int64_t>(it) * blockDim.x + threadIdx.x;
-        if (j < chunks) {
-#pragma unroll
-            for (int k = 0; k < V; ++k) {
-                v[it][k] = expf(v[it][k] - mx);
-                sum += v[it][k];
-            }
-        }
-    }
-    sum = block_reduce<WARP>(sum, smem_sum, SumOp{}, 0.0f);
-    const float inv = 1.0f / sum;
-#pragma unroll
-    for (int it = 0; it < ITERS; ++it) {
-        const int64_t j = static_cast<int64_t>(it) * blockDim.x + threadIdx.x;
-        if (j < chunks) store_chunk<T, VEC>(yr, j, v[it], inv);
-    }
+    softmax_row_in_registers<T, ITERS, VEC>(
+        x + row * cols, y + row * cols, cols / V, threadIdx.x, blockDim.x,
+        [&](float m) { return block_reduce<WARP>(m, smem_max, MaxOp{}, -INFINITY); },
+        [&](float s) { return block_reduce<WARP>(s, smem_sum, SumOp{}, 0.0f); });
 }
 
 // Running (max, sum of exp(x - max)); a max of -inf (nothing seen yet, or only -inf) contributes 0.
@@ -375,6 +352,27 @@ __device__ __forceinline__ OnlineSoftmax warp_reduce_online(OnlineSoftmax a) {
     return a;
 }
 
+// Visits a row's chunks, UNROLL per thread and iteration: the iteration's loads first, then
+// `visit(chunk, j)` for each loaded chunk j, so that the loads are in flight together.
+template <typename T, bool VEC, int UNROLL, typename Visit>
+__device__ __forceinline__ void for_each_chunk_unrolled(const T* __restrict__ row, int64_t chunks, Visit visit) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    const int64_t step = blockDim.x;
+    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
+        float v[UNROLL][V];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) load_chunk<T, VEC>(row, j, v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const int64_t j = base + u * step;
+            if (j < chunks) visit(v[u], j);
+        }
+    }
+}
+
 // Rows too long for registers: an online pass for (max, sum), then a pass that writes the result (the
 // second read mostly hits L2: a wave of blocks touches far less than the cache holds).
 template <typename T, int WARP, bool VEC>
@@ -388,31 +386,18 @@ softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) 
     const int64_t chunks = cols / V;
     const T* xr = x + row * cols;
     T* yr = y + row * cols;
-    const int64_t step = blockDim.x;
 
     OnlineSoftmax acc;
-    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
-        float v[UNROLL][V];
+    for_each_chunk_unrolled<T, VEC, UNROLL>(xr, chunks, [&](float (&c)[V], int64_t) {
+        float cm = c[0];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) load_chunk<T, VEC>(xr, j, v[u]);
-        }
+        for (int k = 1; k < V; ++k) cm = fmaxf(cm, c[k]);
+        const float ref = cm == -INFINITY ? 0.0f : cm;
+        float cs = 0.0f;
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) {
-                float cm = v[u][0];
-#pragma unroll
-                for (int k = 1; k < V; ++k) cm = fmaxf(cm, v[u][k]);
-                const float ref = cm == -INFINITY ? 0.0f : cm;
-                float cs = 0.0f;
-#pragma unroll
-                for (int k = 0; k < V; ++k) cs += expf(v[u][k] - ref);
-                acc.merge(cm, cs);
-            }
-        }
-    }
+        for (int k = 0; k < V; ++k) cs += expf(c[k] - ref);
+        acc.merge(cm, cs);
+    });
     acc = warp_reduce_online<WARP>(acc);
     const int lane = threadIdx.x % WARP;
     const int warp = threadIdx.x / WARP;
@@ -431,23 +416,11 @@ softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) 
     const float mx = total.m;
     const float inv = 1.0f / total.s;
 
-    for (int64_t base = threadIdx.x; base < chunks; base += step * UNROLL) {
-        float v[UNROLL][V];
+    for_each_chunk_unrolled<T, VEC, UNROLL>(xr, chunks, [&](float (&c)[V], int64_t j) {
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) load_chunk<T, VEC>(xr, j, v[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const int64_t j = base + u * step;
-            if (j < chunks) {
-#pragma unroll
-                for (int k = 0; k < V; ++k) v[u][k] = expf(v[u][k] - mx);
-                store_chunk<T, VEC>(yr, j, v[u], inv);
-            }
-        }
-    }
+        for (int k = 0; k < V; ++k) c[k] = expf(c[k] - mx);
+        store_chunk<T, VEC>(yr, j, c, inv);
+    });
 }
 
 

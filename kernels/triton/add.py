@@ -7,14 +7,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from .config import (
-    ELEMENTWISE_DEFAULT,
-    ELEMENTWISE_PRUNE,
-    elementwise_configs,
-    interpreted,
-    needs_64bit_offsets,
-    quick_bench,
-)
+from .config import ELEMENTWISE_PRUNE, elementwise_configs, elementwise_out, launch_elementwise, quick_bench
 
 # torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
 if TYPE_CHECKING:
@@ -48,19 +41,6 @@ def add(
         raise ValueError(f"add: shapes/dtypes differ ({tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype})")
     if not (x.is_contiguous() and y.is_contiguous()):
         raise ValueError("add: inputs must be contiguous")
-    output = x.new_empty(x.shape) if out is None else out
-    if output.shape != x.shape or output.dtype != x.dtype or not output.is_contiguous():
-        raise ValueError(f"add: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    n_elements = output.numel()
-    if n_elements == 0:
-        return output
-    wide = needs_64bit_offsets(n_elements)
-    if block_size or num_warps or interpreted():
-        block = block_size or ELEMENTWISE_DEFAULT[0]
-        add_kernel.fn[(triton.cdiv(n_elements, block),)](
-            x, y, output, n_elements, OFFSETS_64=wide, BLOCK_SIZE=block,
-            num_warps=num_warps or ELEMENTWISE_DEFAULT[1])
-    else:
-        grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)  # noqa: E731 - the tutorials' idiom
-        add_kernel[grid](x, y, output, n_elements, OFFSETS_64=wide)
+    output = elementwise_out("add", x, out)
+    launch_elementwise(add_kernel, (x, y, output), output.numel(), block_size, num_warps)
     return output

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import triton
 
@@ -99,6 +100,31 @@ def quick_bench(kernel_call, quantiles):
 def needs_64bit_offsets(n_elements: int) -> bool:
     """int32 offsets overflow past 2^31 elements; below that they are cheaper."""
     return n_elements + max(b for b, _ in ELEMENTWISE_CANDIDATES) >= 2**31
+
+
+def elementwise_out(name: str, x: Any, out: Any) -> Any:
+    """The output tensor of an elementwise kernel over ``x``: ``out`` when given, checked, else a new one."""
+    y = x.new_empty(x.shape) if out is None else out
+    if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
+        raise ValueError(f"{name}: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    return y
+
+
+def launch_elementwise(kernel: Any, args: tuple, n_elements: int, block_size: int | None,
+                       num_warps: int | None) -> None:
+    """Launch an autotuned elementwise kernel (``kernel(*args, n_elements, OFFSETS_64, BLOCK_SIZE)``) over
+    ``n_elements``. A pinned block size or warp count, or the interpreter, calls the jitted kernel under the
+    autotuner directly, with the default for what is not pinned."""
+    if n_elements == 0:
+        return
+    wide = needs_64bit_offsets(n_elements)
+    if block_size or num_warps or interpreted():
+        block = block_size or ELEMENTWISE_DEFAULT[0]
+        kernel.fn[(triton.cdiv(n_elements, block),)](
+            *args, n_elements, OFFSETS_64=wide, BLOCK_SIZE=block, num_warps=num_warps or ELEMENTWISE_DEFAULT[1])
+    else:
+        grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)  # noqa: E731 - the tutorials' idiom
+        kernel[grid](*args, n_elements, OFFSETS_64=wide)
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from .config import (
-    ELEMENTWISE_DEFAULT,
-    ELEMENTWISE_PRUNE,
-    elementwise_configs,
-    interpreted,
-    needs_64bit_offsets,
-    quick_bench,
-)
+from .config import ELEMENTWISE_PRUNE, elementwise_configs, elementwise_out, launch_elementwise, quick_bench
 
 # torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
 if TYPE_CHECKING:
@@ -48,18 +41,6 @@ def gelu(
     """
     if not x.is_contiguous():
         raise ValueError("gelu: x must be contiguous")
-    y = x.new_empty(x.shape) if out is None else out
-    if y.shape != x.shape or y.dtype != x.dtype or not y.is_contiguous():
-        raise ValueError(f"gelu: out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    n_elements = x.numel()
-    if n_elements == 0:
-        return y
-    wide = needs_64bit_offsets(n_elements)
-    if block_size or num_warps or interpreted():
-        block = block_size or ELEMENTWISE_DEFAULT[0]
-        gelu_kernel.fn[(triton.cdiv(n_elements, block),)](
-            x, y, n_elements, OFFSETS_64=wide, BLOCK_SIZE=block, num_warps=num_warps or ELEMENTWISE_DEFAULT[1])
-    else:
-        grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)  # noqa: E731 - the tutorials' idiom
-        gelu_kernel[grid](x, y, n_elements, OFFSETS_64=wide)
+    y = elementwise_out("gelu", x, out)
+    launch_elementwise(gelu_kernel, (x, y), y.numel(), block_size, num_warps)
     return y

@@ -247,12 +247,41 @@ def capture(
 ) -> dict[str, Any]:
     """Write env.json, tools.csv, runtime_stack.csv and raw/ under ``out_dir``; return env.json's content."""
     from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
-    from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
 
     out = Path(out_dir)
-    raw = out / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
     info = device or detect()
+    results, required = _run_tools(info, timeout_s)
+    lib_dir, libs = torch_libraries()
+    ldd_outputs = []
+    for lib in libs:
+        result = run_tool(f"ldd:{lib.name}", ["ldd", str(lib)], timeout_s)
+        results[result.tool] = result
+        required[result.tool] = True
+        if result.status == "ok":
+            ldd_outputs.append((lib.name, result.stdout))
+
+    env = build_env(target=target, device=info, compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")})
+    base = {"target": target, "fingerprint": env["fingerprint"]}
+    tool_rows = []
+    for name, result in results.items():
+        raw_file = f"raw/{name.replace(':', '_')}.txt"
+        write_atomic(out / raw_file, _raw_text(result))
+        tool_rows.append({**base, "status": result.status, "reason": result.reason, "tool": name,
+                          "argv": " ".join(result.argv), "exit_status": result.exit_status,
+                          "required": required[name], "raw_file": raw_file})
+    env["smi"] = _parsed_smi(results)
+    env["tools"] = {name: r.summary() for name, r in results.items()}
+
+    stack = stack_rows(ldd_outputs, lib_dir)
+    RUNTIME_STACK.write([{**base, "status": "ok", **row} for row in stack], out / "runtime_stack.csv")
+    TOOLS.write(tool_rows, out / "tools.csv")
+    write_env_json(out / "env.json", env)
+    return env
+
+
+def _run_tools(info: DeviceInfo, timeout_s: float) -> tuple[dict[str, ToolResult], dict[str, bool]]:
+    """Every tool's result, and whether the device's backend needs it."""
     results: dict[str, ToolResult] = {}
     required: dict[str, bool] = {}
     for name, argv, backends in tool_commands():
@@ -263,38 +292,12 @@ def capture(
             result = _no_device_when_kernel_driver_absent(result)
         results[name] = result
         required[name] = info.backend in backends
-    lib_dir, libs = torch_libraries()
-    ldd_outputs = []
-    for lib in libs:
-        result = run_tool(f"ldd:{lib.name}", ["ldd", str(lib)], timeout_s)
-        results[result.tool] = result
-        required[result.tool] = True
-        if result.status == "ok":
-            ldd_outputs.append((lib.name, result.stdout))
+    return results, required
 
-    base = {"target": target}
-    env = build_env(
-        target=target,
-        device=info,
-        compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")},
-    )
-    base["fingerprint"] = env["fingerprint"]
-    tool_rows = []
-    for name, result in results.items():
-        raw_file = f"raw/{name.replace(':', '_')}.txt"
-        write_atomic(out / raw_file, _raw_text(result))
-        tool_rows.append(
-            {
-                **base,
-                "status": result.status,
-                "reason": result.reason,
-                "tool": name,
-                "argv": " ".join(result.argv),
-                "exit_status": result.exit_status,
-                "required": required[name],
-                "raw_file": raw_file,
-            }
-        )
+
+def _parsed_smi(results: dict[str, ToolResult]) -> dict[str, Any]:
+    """What the vendor tools that ran report, parsed; an unparseable output is recorded, its raw file kept."""
+    from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
 
     smi: dict[str, Any] = {}
     try:
@@ -304,16 +307,9 @@ def capture(
             smi["rocminfo_gpus"] = parse_rocminfo(results["rocminfo"].stdout)
         if results["nvidia-smi"].status == "ok":
             smi["nvidia_smi"] = parse_nvidia_smi_q(results["nvidia-smi"].stdout)
-    except (ValueError, KeyError) as exc:  # an unparseable tool output is recorded, the raw file kept
+    except (ValueError, KeyError) as exc:
         smi["parse_error"] = f"{type(exc).__name__}: {exc}"
-    env["smi"] = smi
-    env["tools"] = {name: r.summary() for name, r in results.items()}
-
-    stack = stack_rows(ldd_outputs, lib_dir)
-    RUNTIME_STACK.write([{**base, "status": "ok", **row} for row in stack], out / "runtime_stack.csv")
-    TOOLS.write(tool_rows, out / "tools.csv")
-    write_env_json(out / "env.json", env)
-    return env
+    return smi
 
 
 def _version_line(result: ToolResult) -> dict[str, Any]:

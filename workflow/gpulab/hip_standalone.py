@@ -182,13 +182,9 @@ def run_standalone(
     build_name, run_name = build_log.name, run_log.name
     plan, why = plan_standalone(info, build_config.get("offload_archs"), environ, toolkit_dirs)
     if plan is None:
-        rows = [{**base, "status": "skipped", "reason": why, "phase": "build", "log_file": build_name},
-                *({**base, "status": "skipped", "reason": why, "phase": "run", "size": n, "log_file": run_name}
-                  for n in sizes)]
         write_atomic(build_log, f"# not built: {why}\n")
-        write_atomic(run_log, f"# not run: {why}\n")
-        HIP_STANDALONE.write(rows, out_csv)
-        return rows
+        return _not_run(base | {"status": "skipped", "reason": why, "log_file": build_name}, why, sizes, out_csv,
+                        run_log)
 
     work = Path(work_dir or default_cache_root() / "hip_standalone" / target)
     work.mkdir(parents=True, exist_ok=True)
@@ -204,45 +200,61 @@ def run_standalone(
     common = {"compiler": plan.compiler, "compiler_version": version, "command": " ".join(command),
               "arch": plan.arch}
     if built.status != "ok" or not binary.is_file():
-        message = _compile_error(built)
-        rows = [{**base, **common, "status": "failed", "reason": f"compile error: {message}", "phase": "build",
-                 "build_s": build_s, "log_file": build_name},
-                *({**base, **common, "status": "skipped", "reason": "the build failed", "phase": "run", "size": n,
-                   "log_file": run_name} for n in sizes)]
-        write_atomic(run_log, "# not run: the build failed\n")
-        HIP_STANDALONE.write(rows, out_csv)
-        return rows
+        failed = {"status": "failed", "reason": f"compile error: {_compile_error(built)}", "build_s": build_s}
+        return _not_run(base | common | failed | {"log_file": build_name}, "the build failed", sizes, out_csv,
+                        run_log)
     rows = [{**base, **common, "status": "ok", "reason": "", "phase": "build", "build_s": build_s,
              "binary_bytes": binary.stat().st_size, "log_file": build_name}]
 
     ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing)], timeout_s=timeout_s,
                    env=env)
     write_atomic(run_log, _raw(ran))
+    rows += _run_rows(ran, plan, sizes, timing, {**base, **common, "phase": "run", "log_file": run_name})
+    HIP_STANDALONE.write(rows, out_csv)
+    return rows
+
+
+def _run_rows(ran: ToolResult, plan: StandalonePlan, sizes: list[int], timing: TimingSettings,
+              base: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per size from the program's output: measured, or why that size has no result."""
     dev, results = parse_output(ran.stdout)
     by_size = {r["size"]: r for r in results}
     program_said = _first_line(ran.stderr) or ran.reason
+    rows = []
     for n in sizes:
-        row = {**base, **common, "phase": "run", "size": n, "device_name": dev.get("name", ""),
-               "log_file": run_name}
+        row = {**base, "size": n, "device_name": dev.get("name", "")}
         result = by_size.get(n)
-        if result is None:
-            if not plan.runs_here:
-                row.update(status="skipped", reason=f"{plan.no_gpu_reason}; the program reported: {program_said}")
-            else:
-                row.update(status="failed", reason=f"the program stopped before size {n}: {program_said}")
-            rows.append(row)
-            continue
-        stats = summarize(result["samples_ms"])
-        row.update(
-            status="ok" if result["correct"] else "incorrect",
-            reason="" if result["correct"] else f"{result['mismatches']} of {n} elements differ from a + b",
-            correct=result["correct"], mismatches=result["mismatches"], kernel_ms=stats["median_ms"],
-            gbps=BYTES_PER_ELEMENT * n / (stats["median_ms"] / 1e3) / 1e9 if stats["median_ms"] > 0 else math.nan,
-            **stats, reps=len(result["samples_ms"]), warmup_reps=timing.warmup_reps,
-            first_call_ms=result["first_call_ms"], timer="device_event",
-            cache_policy="flush" if timing.flush_cache else "none",
-        )
+        if result is None and not plan.runs_here:
+            row.update(status="skipped", reason=f"{plan.no_gpu_reason}; the program reported: {program_said}")
+        elif result is None:
+            row.update(status="failed", reason=f"the program stopped before size {n}: {program_said}")
+        else:
+            row.update(_measured(result, n, timing))
         rows.append(row)
+    return rows
+
+
+def _measured(result: Mapping[str, Any], n: int, timing: TimingSettings) -> dict[str, Any]:
+    stats = summarize(result["samples_ms"])
+    return dict(
+        status="ok" if result["correct"] else "incorrect",
+        reason="" if result["correct"] else f"{result['mismatches']} of {n} elements differ from a + b",
+        correct=result["correct"], mismatches=result["mismatches"], kernel_ms=stats["median_ms"],
+        gbps=BYTES_PER_ELEMENT * n / (stats["median_ms"] / 1e3) / 1e9 if stats["median_ms"] > 0 else math.nan,
+        **stats, reps=len(result["samples_ms"]), warmup_reps=timing.warmup_reps,
+        first_call_ms=result["first_call_ms"], timer="device_event",
+        cache_policy="flush" if timing.flush_cache else "none",
+    )
+
+
+def _not_run(build_row: dict[str, Any], why: str, sizes: list[int], out_csv: Path,
+             run_log: Path) -> list[dict[str, Any]]:
+    """The build row and a skipped run row per size, written with the run log saying why."""
+    run = {k: v for k, v in build_row.items() if k not in ("status", "reason", "build_s", "log_file")}
+    rows = [{**build_row, "phase": "build"},
+            *({**run, "status": "skipped", "reason": why, "phase": "run", "size": n, "log_file": run_log.name}
+              for n in sizes)]
+    write_atomic(run_log, f"# not run: {why}\n")
     HIP_STANDALONE.write(rows, out_csv)
     return rows
 

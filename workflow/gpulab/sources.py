@@ -2,8 +2,9 @@
 
 A step's library code is the closure of the ``gpulab`` modules its script imports (at any depth, including
 imports inside functions), found by reading the import statements, never by importing them: the Snakefile
-stays quick to parse. Kernel sources live outside the package and are loaded by path (``gpulab.kernels``),
-so they are listed per implementation in :data:`KERNEL_SOURCES`; data files a step reads are listed per
+stays quick to parse. The Triton kernels are the package ``gpulab.kernels``, read from the top-level
+``kernels/`` directory as pyproject.toml maps it; a benchmark cell depends on its own implementation's kernel
+module only (:data:`KERNEL_MODULES`). Data files a step reads are listed per
 script in :data:`DATA_SOURCES`. Paths are relative to the repository root; the workflow makes them relative to
 its working directory, so a moved checkout reruns nothing.
 """
@@ -17,14 +18,19 @@ from pathlib import Path
 from gpulab.paths import REPO_ROOT
 
 PACKAGE = "gpulab"
-# Loaded by path from kernels/ (see gpulab.kernels): covered by KERNEL_SOURCES, not by the import closure.
-PATH_LOADED = ("gpulab.kernels",)
+# Where each package's modules live, relative to the repository root: pyproject.toml's package-dir (the test of
+# the packaging checks the two agree). The longest matching name wins, so gpulab.kernels is read from kernels/.
+PACKAGE_DIRS = {"gpulab": "workflow/gpulab", "gpulab.kernels": "kernels"}
+KERNELS_PACKAGE = "gpulab.kernels"
 
-# Per benchmark implementation: the kernel files (relative to the repository root) of an op's cell.
-# cpp_ext cells depend on the extension through the build step's outcome table, an input of their rule.
-KERNEL_SOURCES = {
-    "triton": ("kernels/triton/{op}.py", "kernels/triton/config.py", "kernels/triton/__init__.py"),
-}
+# Per benchmark implementation: the kernel module of an op's cell, whose import closure is the cell's kernel
+# files. cpp_ext cells depend on the extension through the build step's manifest, an input of their rule.
+KERNEL_MODULES = {"triton": "gpulab.kernels.triton.{op}"}
+# The implementation registry imports each op's kernel inside the function that runs it; the closure does not
+# follow those imports, since a cell's kernel files are inputs per job (KERNEL_MODULES): editing one op's kernel
+# reruns that op's cells only, not every step that imports the registry for its availability checks.
+PER_JOB_KERNEL_IMPORTS = ("workflow/gpulab/bench/impls.py",)
+
 HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/hip/hip_compat.h")
 EXTENSION_SOURCES = (
     "kernels/ext/ops.cpp", "kernels/ext/ops_cuda.cu", "kernels/ext/ops_common.h", "kernels/ext/ops_kernels.cuh",
@@ -45,9 +51,11 @@ DATA_SOURCES = {
 }
 
 
-def _module_file(name: str, package_dir: Path) -> Path | None:
-    parts = name.split(".")
-    base = package_dir.parent.joinpath(*parts)
+def _module_file(name: str, repo: Path) -> Path | None:
+    root = max((p for p in PACKAGE_DIRS if name == p or name.startswith(p + ".")), key=len, default=None)
+    if root is None:
+        return None
+    base = repo.joinpath(PACKAGE_DIRS[root], *name[len(root):].split(".")[1:])
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -55,17 +63,22 @@ def _module_file(name: str, package_dir: Path) -> Path | None:
 
 
 # Import statements of the package, found by text rather than by parsing (parsing every module took a second
-# of each `snakemake -n`). A mention in a docstring at worst adds a dependency, never loses one.
-_FROM = re.compile(r"^[ \t]*from[ \t]+(gpulab[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)", re.M)
+# of each `snakemake -n`). A mention in a docstring at worst adds a dependency, never loses one. Relative
+# imports (the kernels use them) are resolved against the importing module's package.
+_FROM = re.compile(r"^[ \t]*from[ \t]+(gpulab[\w.]*|\.+[\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)", re.M)
 _IMPORT = re.compile(r"^[ \t]*import[ \t]+([^\n#]+)", re.M)
 
 
 @cache
-def _imported_names(path: Path) -> tuple[str, ...]:
+def _imported_names(path: Path, package: str) -> tuple[str, ...]:
     """Every module name an import statement in ``path`` may load (``from a import b`` may mean a or a.b)."""
     text = path.read_text(encoding="utf-8")
     names = []
     for module, imported in _FROM.findall(text):
+        if module.startswith("."):
+            dots = len(module) - len(module.lstrip("."))
+            parent = package.rsplit(".", dots - 1)[0] if dots > 1 else package
+            module = ".".join(filter(None, (parent, module[dots:])))
         names.append(module)
         names += [f"{module}.{n.split()[0]}" for n in imported.strip("()").replace("\\", "").split(",") if n.strip()]
     for imported in _IMPORT.findall(text):
@@ -74,31 +87,47 @@ def _imported_names(path: Path) -> tuple[str, ...]:
 
 
 @cache
-def library_files(script: Path, package_dir: Path = REPO_ROOT / "workflow" / PACKAGE) -> tuple[Path, ...]:
-    """The script and every gpulab module (with its packages' ``__init__``) it can import, sorted."""
-    found: set[Path] = {script}
-    todo = [script]
+def _closure(start: tuple[tuple[Path, str], ...], repo: Path) -> tuple[Path, ...]:
+    """The files of ``start`` (path, package) and of every gpulab module they can import, sorted."""
+    found = {path for path, _ in start}
+    todo = list(start)
+    per_job = {repo / p for p in PER_JOB_KERNEL_IMPORTS}
     while todo:
-        for name in _imported_names(todo.pop()):
-            if name.split(".")[0] != PACKAGE or name.startswith(PATH_LOADED):
+        importer = todo.pop()
+        for name in _imported_names(*importer):
+            if name.split(".")[0] != PACKAGE or (importer[0] in per_job and name.startswith(KERNELS_PACKAGE)):
                 continue
             parts = name.split(".")
             for depth in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
-                module = _module_file(".".join(parts[:depth]), package_dir)
-                if module is not None and module not in found:
-                    found.add(module)
-                    todo.append(module)
+                module = ".".join(parts[:depth])
+                path = _module_file(module, repo)
+                if path is not None and path not in found:
+                    found.add(path)
+                    todo.append((path, module if path.name == "__init__.py" else module.rpartition(".")[0]))
     return tuple(sorted(found))
+
+
+def library_files(script: Path, repo: Path = REPO_ROOT) -> tuple[Path, ...]:
+    """The script and every gpulab module (with its packages' ``__init__``, kernels included) it can import."""
+    return _closure(((script, ""),), repo)
 
 
 def step_sources(script: str, repo: Path = REPO_ROOT) -> list[str]:
     """Repository-relative source files of the step run by ``workflow/scripts/<script>``."""
-    files = set(library_files(repo / "workflow" / "scripts" / script, repo / "workflow" / PACKAGE))
+    files = set(library_files(repo / "workflow" / "scripts" / script, repo))
     for pattern in DATA_SOURCES.get(script, ()):
         files.update(p for p in repo.glob(pattern) if p.is_file() and "__pycache__" not in p.parts)
     return sorted(str(p.relative_to(repo)) for p in files)
 
 
-def kernel_sources(impl: str, op: str) -> list[str]:
-    """Repository-relative kernel files of one benchmark implementation of one op."""
-    return [p.format(op=op) for p in KERNEL_SOURCES.get(impl, ())]
+def kernel_sources(impl: str, op: str, repo: Path = REPO_ROOT) -> list[str]:
+    """Repository-relative kernel files of one benchmark implementation of one op: what importing its kernel
+    module runs under kernels/ (the module, its packages' ``__init__`` and their imports)."""
+    if impl not in KERNEL_MODULES:
+        return []
+    parts = KERNEL_MODULES[impl].format(op=op).split(".")
+    packages = [".".join(parts[:d]) for d in range(1, len(parts) + 1)]
+    start = tuple((f, m if f.name == "__init__.py" else m.rpartition(".")[0])
+                  for m in packages if (f := _module_file(m, repo)) is not None)
+    kernels = repo / PACKAGE_DIRS[KERNELS_PACKAGE]
+    return sorted(str(p.relative_to(repo)) for p in _closure(start, repo) if p.is_relative_to(kernels))

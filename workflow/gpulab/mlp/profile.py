@@ -439,72 +439,83 @@ def profile_mlp(
     info = device or detect()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    unknown = [v for v in config.get("variants", []) if v not in VARIANTS]
-    if unknown:
-        raise ValueError(f"mlp.variants: unknown variant(s) {unknown}; expected some of {list(VARIANTS)}")
-    variants = [VARIANTS[name] for name in config.get("variants", list(VARIANTS))]
+    variants = _variants(config)
     shape = resolve_shape(config, info)
-    activities = "CPU,CUDA" if info.gpu_available else "CPU"
     if not info.gpu_available:
         log.info("no GPU (%s): CPU activities only; kernel rows are ATen ops' self CPU time", info.reason)
     log.info("MLP dim=%d layers=%d batch=%d, %d profiled steps, on %s (%s)", shape.dim, shape.num_layers,
              shape.batch, shape.num_steps, info.name, info.backend)
-
     base = {"target": target, "fingerprint": fingerprint, "dim": shape.dim, "num_layers": shape.num_layers,
-            "batch": shape.batch, "profiled_steps": shape.num_steps, "activities": activities,
+            "batch": shape.batch, "profiled_steps": shape.num_steps,
+            "activities": "CPU,CUDA" if info.gpu_available else "CPU",
             "time_source": "device_kernel" if info.gpu_available else "cpu_op_self",
             "step_matmul_flops": float(matmul_flops(shape))}
     summary: list[dict[str, Any]] = []
     kernel_frames: list[pd.DataFrame] = []
     op_frames: list[pd.DataFrame] = []
+    setup = _set_up(shape, info, seed)
+    for variant in variants:
+        ceiling = ceilings.matmul_tflops(variant.ceiling_dtype) if ceilings is not None else math.nan
+        fields, kernels, ops = _profile_one(variant, setup, shape, timing, info, out_dir)
+        if kernels is not None and ops is not None:
+            fields["pct_of_ceiling"] = pct_of(fields["tflops"], ceiling)
+            common = {"target": target, "fingerprint": fingerprint, "status": "ok", "reason": "",
+                      "variant": variant.name}
+            kernel_frames.append(kernels.assign(**common, time_source=base["time_source"]))
+            op_frames.append(ops.assign(**common))
+        summary.append({**base, "variant": variant.name, "ceiling_dtype": variant.ceiling_dtype,
+                        "ceiling_tflops": ceiling, "tolerance": variant.tolerance, "trace": trace_name(variant.name),
+                        "stacks": stacks_name(variant.name), **fields})
+    MLP_KERNELS.write(_records(kernel_frames), out_dir / "kernels.csv")
+    MLP_OPS.write(_records(op_frames), out_dir / "ops.csv")
+    return MLP_SUMMARY.write(summary, out_dir / "summary.csv")
 
-    setup_error: tuple[str, str] | None = None
+
+def _variants(config: Mapping[str, Any]) -> list[Variant]:
+    unknown = [v for v in config.get("variants", []) if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"mlp.variants: unknown variant(s) {unknown}; expected some of {list(VARIANTS)}")
+    return [VARIANTS[name] for name in config.get("variants", list(VARIANTS))]
+
+
+_Setup = tuple[Any, Any, Any, "tuple[str, str] | None"]
+
+
+def _set_up(shape: MLPShape, info: DeviceInfo, seed: int) -> _Setup:
+    """The model, its input and their float64 reference output, or (None, None, None, why not)."""
     try:
         torch.manual_seed(seed)
         model = MLP(shape.dim, shape.num_layers).to(info.torch_device)
         x = torch.randn(shape.batch, shape.dim, device=info.torch_device)
-        reference = float64_reference(model, x)
+        return model, x, float64_reference(model, x), None
     except (torch.cuda.OutOfMemoryError, RuntimeError) as exc:
         log.exception("could not set up the MLP")
-        setup_error = _failure(exc)
+        return None, None, None, _failure(exc)
 
-    for variant in variants:
-        ceiling = ceilings.matmul_tflops(variant.ceiling_dtype) if ceilings is not None else math.nan
-        row = {**base, "variant": variant.name, "ceiling_dtype": variant.ceiling_dtype, "ceiling_tflops": ceiling,
-               "tolerance": variant.tolerance, "trace": trace_name(variant.name),
-               "stacks": stacks_name(variant.name)}
-        why = variant.unavailable(info)
-        if why or setup_error:
-            status, reason = ("skipped", why) if why else setup_error
-            log.info("%s: %s (%s)", variant.name, status, reason)
-            write_unprofiled(out_dir, variant.name, status, reason)
-            summary.append({**row, "status": status, "reason": reason})
-            continue
+
+def _profile_one(variant: Variant, setup: _Setup, shape: MLPShape, timing: TimingSettings, info: DeviceInfo,
+                 out_dir: Path) -> tuple[dict[str, Any], pd.DataFrame | None, pd.DataFrame | None]:
+    """One variant's summary fields, with its kernel and op tables when it was profiled. A variant that was
+    not (unavailable, failed, incorrect: recorded with its errors, not timed) leaves trace files saying why."""
+    model, x, reference, setup_error = setup
+    why = variant.unavailable(info)
+    kernels = ops = None
+    if why or setup_error:
+        status, reason = ("skipped", why) if why else setup_error
+        fields = {"status": status, "reason": reason}
+    else:
         try:
             fields, kernels, ops = profile_variant(variant, model, x, reference, shape, timing, info, out_dir)
         except Exception as exc:  # one broken variant (OOM, no C++ compiler) must not lose the others
             log.exception("variant %s failed", variant.name)
             status, reason = _failure(exc)
-            write_unprofiled(out_dir, variant.name, status, reason)
-            summary.append({**row, "status": status, "reason": reason})
-            continue
+            fields = {"status": status, "reason": reason}
         finally:
             _release(variant, model, info)
-        if kernels is None or ops is None:  # incorrect: recorded with its errors, not timed, not profiled
-            log.warning("%s: incorrect (%s)", variant.name, fields["reason"])
-            write_unprofiled(out_dir, variant.name, fields["status"], fields["reason"])
-            summary.append({**row, **fields})
-            continue
-        fields["pct_of_ceiling"] = pct_of(fields["tflops"], ceiling)
-        summary.append({**row, **fields})
-        common = {"target": target, "fingerprint": fingerprint, "status": "ok", "reason": "",
-                  "variant": variant.name}
-        kernel_frames.append(kernels.assign(**common, time_source=base["time_source"]))
-        op_frames.append(ops.assign(**common))
-
-    MLP_KERNELS.write(_records(kernel_frames), out_dir / "kernels.csv")
-    MLP_OPS.write(_records(op_frames), out_dir / "ops.csv")
-    return MLP_SUMMARY.write(summary, out_dir / "summary.csv")
+    if kernels is None or ops is None:
+        log.info("%s: %s (%s)", variant.name, fields["status"], fields["reason"])
+        write_unprofiled(out_dir, variant.name, fields["status"], fields["reason"])
+    return fields, kernels, ops
 
 
 def strict_rows(summary: pd.DataFrame, device: DeviceInfo | None = None) -> pd.DataFrame:

@@ -296,6 +296,29 @@ def check_page(
             _stop(proc)
 
 
+def _record_events(check: PageCheck, events: list[dict[str, Any]], url: str) -> None:
+    """The page's requests other than itself, its console errors and warnings, from the DevTools events."""
+    for event in events:
+        method, params = event["method"], event.get("params", {})
+        if method == "Network.requestWillBeSent":
+            request_url = params["request"]["url"]
+            if request_url != url and not request_url.startswith("data:"):
+                check.requests.append(request_url)
+            continue
+        if method == "Runtime.exceptionThrown":
+            level = "error"
+        elif method == "Runtime.consoleAPICalled":
+            level = {"error": "error", "assert": "error", "warning": "warning"}.get(params.get("type"))
+        elif method == "Log.entryAdded":
+            level = params["entry"].get("level")
+        else:
+            continue
+        if level == "error":
+            check.console_errors.append(_console_text(event))
+        elif level == "warning":
+            check.console_warnings.append(_console_text(event))
+
+
 def _inspect(tools: _DevTools, url: str, screenshot: str | Path | None, pdf: str | Path | None,
              expected: list[str], timeout_s: float) -> PageCheck:
     for domain in ("Page", "Runtime", "Log", "Network"):
@@ -340,24 +363,5 @@ def _inspect(tools: _DevTools, url: str, screenshot: str | Path | None, pdf: str
 
     # Give late console messages (e.g. an image failing after load) a moment to arrive.
     tools.call("Runtime.evaluate", expression="new Promise(r => setTimeout(r, 100))", awaitPromise=True)
-    for event in tools.events:
-        method = event["method"]
-        if method == "Network.requestWillBeSent":
-            request_url = event["params"]["request"]["url"]
-            if request_url != url and not request_url.startswith("data:"):
-                check.requests.append(request_url)
-        elif method == "Runtime.exceptionThrown":
-            check.console_errors.append(_console_text(event))
-        elif method == "Runtime.consoleAPICalled":
-            kind = event["params"].get("type")
-            if kind in ("error", "assert"):
-                check.console_errors.append(_console_text(event))
-            elif kind == "warning":
-                check.console_warnings.append(_console_text(event))
-        elif method == "Log.entryAdded":
-            level = event["params"]["entry"].get("level")
-            if level == "error":
-                check.console_errors.append(_console_text(event))
-            elif level == "warning":
-                check.console_warnings.append(_console_text(event))
+    _record_events(check, tools.events, url)
     return check

@@ -235,6 +235,7 @@ def _ceiling_lines(ax: plt.Axes, ceilings: Mapping[Any, Mapping[str, float]] | N
                    zorder=1)
 
 
+# Over 50 lines only for its keyword options, one a line as ruff formats them; the body is short.
 def metric_vs_size(
     df: pd.DataFrame,
     *,
@@ -274,21 +275,11 @@ def metric_vs_size(
     colors = series_colors(df[hue].dropna().astype(str)) if hue in df.columns else {}
     fig, axes = _panels(len(grid), per_row=len(col_values) if row else None,
                         sharey=logy or _share_y(data, yhigh or y, col, row))
-    markers = ["o", "s", "^", "D", "v", "P", "X"]
     for ax, (row_value, facet) in zip(axes, grid, strict=False):
         part = data if facet is None else data[data[col].astype(str) == facet]
         if row_value is not None:
             part = part[part[row].astype(str) == row_value]
-        for i, name in enumerate(series_order(part[hue].dropna().astype(str).unique()) if hue in part else []):
-            line = part[part[hue].astype(str) == name]
-            groups = [("", line)] if style is None else [(f" {s}", g) for s, g in line.groupby(style, sort=True)]
-            for j, (suffix, group) in enumerate(groups):
-                group = group.sort_values(x)
-                ax.plot(group[x], group[y], marker=markers[i % len(markers)], markersize=4, linewidth=1.6,
-                        linestyle=["-", "--", ":", "-."][j % 4], color=colors[name], label=f"{name}{suffix}")
-                if ylow and yhigh and ylow in group and yhigh in group:
-                    ax.fill_between(group[x], group[ylow], group[yhigh], color=colors[name], alpha=0.18,
-                                    linewidth=0)
+        _lines(ax, part, x, y, hue, style, (ylow, yhigh), colors)
         _ceiling_lines(ax, ceilings, (row_value, facet), facet, row_value)
         if logx:
             ax.set_xscale("log", base=2 if xformat == "bytes" else 10)
@@ -307,6 +298,23 @@ def metric_vs_size(
     return embed(fig, alt, caption, df[columns] if columns else df)
 
 
+def _lines(ax: plt.Axes, part: pd.DataFrame, x: str, y: str, hue: str, style: str | None,
+           spread: tuple[str | None, str | None], colors: Mapping[str, Any]) -> None:
+    """One line per ``hue`` value (and ``style`` value), each with its shaded spread when given."""
+    markers = ["o", "s", "^", "D", "v", "P", "X"]
+    ylow, yhigh = spread
+    for i, name in enumerate(series_order(part[hue].dropna().astype(str).unique()) if hue in part else []):
+        line = part[part[hue].astype(str) == name]
+        groups = [("", line)] if style is None else [(f" {s}", g) for s, g in line.groupby(style, sort=True)]
+        for j, (suffix, group) in enumerate(groups):
+            group = group.sort_values(x)
+            ax.plot(group[x], group[y], marker=markers[i % len(markers)], markersize=4, linewidth=1.6,
+                    linestyle=["-", "--", ":", "-."][j % 4], color=colors[name], label=f"{name}{suffix}")
+            if ylow and yhigh and ylow in group and yhigh in group:
+                ax.fill_between(group[x], group[ylow], group[yhigh], color=colors[name], alpha=0.18, linewidth=0)
+
+
+# Over 50 lines only for its keyword options, one a line as ruff formats them; the body is short.
 def bars_by_target(
     df: pd.DataFrame,
     *,
@@ -350,18 +358,8 @@ def bars_by_target(
                     continue
                 value = float(cell[y].iloc[0])
                 pos = c_i - 0.4 + width * (h_i + 0.5)
-                color = colors[h if h is not None else cat]
-                ax.bar(pos, value, width=width * 0.92, color=color, label=h if h is not None else None, zorder=2)
-                if err_low and err_high and err_low in cell and err_high in cell:
-                    low, high = float(cell[err_low].iloc[0]), float(cell[err_high].iloc[0])
-                    if not (math.isnan(low) or math.isnan(high)):
-                        ax.errorbar(pos, value, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none",
-                                    ecolor="#333333", capsize=3, linewidth=1, zorder=3)
-                if ceiling_col and ceiling_col in cell:
-                    ceiling = float(cell[ceiling_col].iloc[0])
-                    if not math.isnan(ceiling) and ceiling > 0:
-                        ax.hlines(ceiling, pos - width * 0.46, pos + width * 0.46, colors=CEILING_COLOR,
-                                  linestyles="--", linewidth=1.4, label=ceiling_label, zorder=3)
+                ax.bar(pos, value, width=width * 0.92, color=colors[h if h is not None else cat], label=h, zorder=2)
+                _bar_marks(ax, cell, pos, width, value, (err_low, err_high), (ceiling_col, ceiling_label))
                 ax.annotate(value_format.format(value), (pos, value), ha="center", va="bottom", fontsize=8,
                             xytext=(0, 2), textcoords="offset points")
         _ceiling_lines(ax, ceilings, facet)
@@ -375,6 +373,23 @@ def bars_by_target(
     return embed(fig, alt, caption, df[columns] if columns else df)
 
 
+def _bar_marks(ax: plt.Axes, cell: pd.DataFrame, pos: float, width: float, value: float,
+               err: tuple[str | None, str | None], ceiling: tuple[str | None, str]) -> None:
+    """A bar's error bar (from the ``err`` columns) and its own ceiling dash (``ceiling``: column, label)."""
+    (err_low, err_high), (ceiling_col, ceiling_label) = err, ceiling
+    if err_low and err_high and err_low in cell and err_high in cell:
+        low, high = float(cell[err_low].iloc[0]), float(cell[err_high].iloc[0])
+        if not (math.isnan(low) or math.isnan(high)):
+            ax.errorbar(pos, value, yerr=[[max(value - low, 0)], [max(high - value, 0)]], fmt="none",
+                        ecolor="#333333", capsize=3, linewidth=1, zorder=3)
+    if ceiling_col and ceiling_col in cell:
+        top = float(cell[ceiling_col].iloc[0])
+        if not math.isnan(top) and top > 0:
+            ax.hlines(top, pos - width * 0.46, pos + width * 0.46, colors=CEILING_COLOR, linestyles="--",
+                      linewidth=1.4, label=ceiling_label, zorder=3)
+
+
+# Over 50 lines only for its keyword options, one a line as ruff formats them; the body is short.
 def ratio_heatmap(
     df: pd.DataFrame,
     *,
@@ -433,6 +448,7 @@ def ratio_heatmap(
     return embed(fig, alt, caption, df)
 
 
+# Over 50 lines only for its keyword options, one a line as ruff formats them; the body is short.
 def ratio_strip(
     df: pd.DataFrame,
     *,

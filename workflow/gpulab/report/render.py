@@ -166,6 +166,27 @@ class RenderedReport:
     errors: list[dict[str, str]]
 
 
+def _render_sections(ctx: ReportContext, env: Any, strict: bool) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Every section that has something to show, rendered; a failing one as an error box (``strict``: raises)."""
+    rendered: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    for module in discover_sections():
+        try:
+            data = module.build(ctx)
+            if data is None:
+                continue
+            body = env.get_template(module.TEMPLATE).render(ctx=ctx, **data)
+        except Exception as exc:
+            log.error("section %s failed:\n%s", module.ID, traceback.format_exc())
+            if strict:
+                raise ReportError(f"report section {module.ID!r} failed: {exc}") from exc
+            message = f"{type(exc).__name__}: {exc}"
+            errors.append({"id": module.ID, "title": module.TITLE, "message": message})
+            body = env.get_template("_section_error.html.j2").render(message=message)
+        rendered.append({"id": module.ID, "title": module.TITLE, "body": Markup(body)})
+    return rendered, errors
+
+
 def render_report(
     results_dir: str | Path,
     output: str | Path,
@@ -195,22 +216,7 @@ def render_report(
             raise ReportError(f"{baseline_dir}: no baseline results found (expected {baseline_dir}/<target>/...)")
     ctx = ReportContext(results, output, config, command, baseline=baseline)
     env = environment()
-    rendered: list[dict[str, Any]] = []
-    errors: list[dict[str, str]] = []
-    for module in discover_sections():
-        try:
-            data = module.build(ctx)
-            if data is None:
-                continue
-            body = env.get_template(module.TEMPLATE).render(ctx=ctx, **data)
-        except Exception as exc:
-            log.error("section %s failed:\n%s", module.ID, traceback.format_exc())
-            if strict:
-                raise ReportError(f"report section {module.ID!r} failed: {exc}") from exc
-            message = f"{type(exc).__name__}: {exc}"
-            errors.append({"id": module.ID, "title": module.TITLE, "message": message})
-            body = env.get_template("_section_error.html.j2").render(message=message)
-        rendered.append({"id": module.ID, "title": module.TITLE, "body": Markup(body)})
+    rendered, errors = _render_sections(ctx, env, strict)
     report_config = config.get("report", {})
     page = env.get_template("base.html.j2").render(
         title=title or report_config.get("title", "gpulab report"),

@@ -8,7 +8,10 @@ shows, never an exception that loses the whole page.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,25 +167,49 @@ class ResultsIndex:
         log_dir = self.path(target, "logs")
         return sorted(log_dir.rglob("*.log")) if log_dir.is_dir() else []
 
-    def logs_for(self, target: str, artifact: str, hints: tuple[str, ...] = ()) -> list[Path]:
-        """Log files of the step that wrote ``artifact`` (``bench/gelu.csv`` -> ``logs/bench*gelu*.log``).
+    def logs_for(self, target: str, artifact: str, rows: pd.DataFrame,
+                 rule_outputs: Mapping[str, Sequence[str]]) -> list[Path]:
+        """Log files of the jobs that wrote ``rows`` of ``artifact`` (``<step>/<name>.csv``).
 
-        Logs are named by rule and wildcards, so a log belongs to an artifact when its name contains
-        the artifact's step and stem; ``hints`` (e.g. the implementation of the failing rows) narrow
-        it down when several jobs wrote one artifact.
+        The writer is the job whose rule's outputs (``rule_outputs``, the workflow's patterns) filled with its
+        recorded wildcards name the artifact. An aggregate's rows come from finer jobs of the same cells: the
+        jobs behind its inputs whose wildcards extend the writer's and match the rows (the ``gfx1151`` rows of
+        ``build/kernel_resources.csv`` -> ``kernels_compile_gfx1151``). A job's log is named as its benchmark
+        record (``log_of`` and ``benchmark_of`` in common.smk).
         """
-        parts = [p for p in Path(artifact).with_suffix("").parts if p]
-        step, stem = parts[0], parts[-1]
+        records = self.benchmarks(target)
+        outputs = {r["job"]: job_outputs(r, rule_outputs) for r in records}
+        writers = [r for r in records if any(p.endswith(f"/{artifact}") for p in outputs[r["job"]])]
+        inputs = {os.path.normpath(p) for r in writers for p in r.get("input_size_mb") or {}}
+        finer = [r for r in records if outputs[r["job"]] & inputs and any(_refines(r, w, rows) for w in writers)]
+        logs = self.path(target, "logs")
+        return [p for p in (logs / f"{r['job']}.log" for r in finer or writers) if p.is_file()]
 
-        def score(log: Path) -> int:
-            name = log.stem
-            own = (2 if stem != step and stem in name else 0) + (1 if step in name else 0)
-            return own + sum(1 for h in set(hints) if h and h in name) if own else 0
 
-        scores = {log: score(log) for log in self.logs(target)}
-        best = max(scores.values(), default=0)
-        # Only the logs naming the most of step, artifact and hints: the job of that op *and* implementation.
-        return [log for log, value in scores.items() if value == best] if best else []
+_WILDCARD = re.compile(r"\{(\w+)(?:,[^}]*)?\}")
+
+
+def job_outputs(record: Mapping[str, Any], rule_outputs: Mapping[str, Sequence[str]]) -> set[str]:
+    """The files one job wrote: its rule's output patterns with the job's wildcards filled in."""
+    wildcards = record.get("wildcards") or {}
+    paths = set()
+    for pattern in rule_outputs.get(record.get("rule_name", ""), ()):
+        try:
+            paths.add(os.path.normpath(_WILDCARD.sub(lambda m: str(wildcards[m.group(1)]), pattern)))
+        except KeyError:
+            continue
+    return paths
+
+
+def _refines(job: Mapping[str, Any], writer: Mapping[str, Any], rows: pd.DataFrame) -> bool:
+    """Whether ``job`` is one cell of ``writer``'s table that ``rows`` belong to: its wildcards are the
+    writer's plus at least one column of the rows, with one row's values (a model fetch has the model but not
+    the engine of an LLM table, so it is a prerequisite, not a cell)."""
+    own, parent = job.get("wildcards") or {}, writer.get("wildcards") or {}
+    extra = {k: str(v) for k, v in own.items() if k not in parent}
+    if any(own.get(k) != v for k, v in parent.items()) or not extra or not set(extra) <= set(rows.columns):
+        return False
+    return bool((rows[list(extra)].astype(str) == pd.Series(extra)).all(axis=1).any())
 
 
 def _truncation(path: Path, frame: pd.DataFrame) -> str | None:
@@ -221,6 +248,14 @@ def key_columns(df: pd.DataFrame) -> list[str]:
                  and not pd.api.types.is_bool_dtype(df[c])]
         keys += extra
     return keys
+
+
+def number(value: Any) -> float:
+    """A table cell as a float: NaN for an empty cell or text (a failed row's cells are blank)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def is_measured(df: pd.DataFrame) -> bool:

@@ -23,6 +23,20 @@ TEMPLATE = "across.html.j2"
 GROUP_COLUMNS = ("impl", "variant", "engine", "kind")
 
 
+def _ratio_summary(compared: pd.DataFrame, ratio_columns: list[str]) -> list[dict[str, Any]]:
+    """Per other target: how many cells were compared, and their ratios' geometric mean and range."""
+    return [{"target": column.split(" vs ", 1)[0], "cells": int(compared[column].notna().sum()),
+             "geometric mean (×)": geometric_mean(compared[column]),
+             "min (×)": compared[column].min(), "max (×)": compared[column].max()} for column in ratio_columns]
+
+
+def _strip_rows(name: str, compared: pd.DataFrame, ratio_columns: list[str], group: str | None) -> list[dict]:
+    """One point per compared cell and other target, for the overview's strip plot."""
+    return [{"cell": name.rsplit(".", 1)[0] + (f" · {row[group]}" if group else ""),
+             "target": column.split(" vs ", 1)[0], "ratio": row[column]}
+            for column in ratio_columns for _, row in compared[compared[column].notna()].iterrows()]
+
+
 def build(ctx: Any) -> dict[str, Any] | None:
     if not ctx.multi_target:
         return None
@@ -44,16 +58,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
             continue
         group = next((c for c in GROUP_COLUMNS if c in table.frame.columns), None)
         compared = table.frame.dropna(subset=table.ratio_columns, how="all") if table.ratio_columns else table.frame
-        summary = []
-        for column in table.ratio_columns:
-            other = column.split(" vs ", 1)[0]
-            values = compared[column]
-            summary.append({"target": other, "cells": int(values.notna().sum()),
-                            "geometric mean (×)": geometric_mean(values),
-                            "min (×)": values.min(), "max (×)": values.max()})
-            for _, row in compared[compared[column].notna()].iterrows():
-                label = name.rsplit(".", 1)[0] + (f" · {row[group]}" if group else "")
-                strip_rows.append({"cell": label, "target": other, "ratio": row[column]})
+        summary = _ratio_summary(compared, table.ratio_columns)
+        strip_rows += _strip_rows(name, compared, table.ratio_columns, group)
         artifacts.append({
             "name": name,
             "value": value,

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from gpulab.report import plots
+from gpulab.report.results import number
 from gpulab.timing_pitfalls import STUDY_MS, TUTORIAL_SIZE
 
 ORDER = 30
@@ -30,14 +31,6 @@ def _rows(df: pd.DataFrame, target: str) -> pd.DataFrame:
     return df[df["target"] == target].reset_index(drop=True)
 
 
-def _num(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
-
-
 def toolchain_table(standalone: pd.DataFrame, extension: pd.DataFrame) -> pd.DataFrame:
     """One row per build: what compiled what, for which arch, how long it took, and the outcome."""
     rows = []
@@ -45,11 +38,11 @@ def toolchain_table(standalone: pd.DataFrame, extension: pd.DataFrame) -> pd.Dat
     for r in build.itertuples():
         rows.append({"build": "standalone vector_add", "compiler": f"{r.compiler or ''} {r.compiler_version or ''}"
                      .strip() if isinstance(r.compiler, str) else "", "arch": r.arch if isinstance(r.arch, str) else "",
-                     "seconds": _num(r.build_s), "cached": False, "status": r.status, "reason": r.reason})
+                     "seconds": number(r.build_s), "cached": False, "status": r.status, "reason": r.reason})
     for r in (extension.itertuples() if not extension.empty else []):
         rows.append({"build": f"extension ({r.phase.replace('_', ' ')})",
                      "compiler": r.compiler if isinstance(r.compiler, str) else "",
-                     "arch": r.arch if isinstance(r.arch, str) else "", "seconds": _num(r.seconds),
+                     "arch": r.arch if isinstance(r.arch, str) else "", "seconds": number(r.seconds),
                      "cached": bool(r.cached) if r.cached == r.cached else False, "status": r.status,
                      "reason": r.reason})
     return pd.DataFrame(rows, columns=["build", "compiler", "arch", "seconds", "cached", "status", "reason"])

@@ -128,20 +128,17 @@ def _sampling_text(sampling: dict[str, Any]) -> str:
             f"top-p {sampling.get('top_p')}, repetition penalty {sampling.get('repetition_penalty')}")
 
 
-def build(ctx: Any) -> dict[str, Any] | None:
-    df = ctx.results.tables("llm/*.csv")
-    if df.empty or "test" not in df.columns:
-        return None
-    df = df.copy()
-    df[MODEL_LABEL] = df.apply(_label, axis=1)
-    responses, settings = _responses(ctx, df)
-    labels = getattr(ctx, "target_labels", None)
-    tg = _tests(df, "tg").copy()
-    tg["tok_s_low"] = tg["tok_s"] - tg["tok_s_sd"].fillna(0)
-    tg["tok_s_high"] = tg["tok_s"] + tg["tok_s_sd"].fillna(0)
-    pp = _tests(df, "pp").copy()
-    pp["tok_s_low"] = pp["tok_s"] - pp["tok_s_sd"].fillna(0)
-    pp["tok_s_high"] = pp["tok_s"] + pp["tok_s_sd"].fillna(0)
+def _with_spread(df: pd.DataFrame, test: str) -> pd.DataFrame:
+    """The rows of one test, with tokens/s at mean - sd and mean + sd for the error bars."""
+    rows = _tests(df, test).copy()
+    rows["tok_s_low"] = rows["tok_s"] - rows["tok_s_sd"].fillna(0)
+    rows["tok_s_high"] = rows["tok_s"] + rows["tok_s_sd"].fillna(0)
+    return rows
+
+
+def _throughput_figures(df: pd.DataFrame, labels: Any) -> list[Any]:
+    """Decode tokens/s against each bar's roofline, and prefill tokens/s, when measured."""
+    tg, pp = _with_spread(df, "tg"), _with_spread(df, "pp")
     figures = []
     if not tg.empty:
         figures.append(plots.bars_by_target(
@@ -162,6 +159,17 @@ def build(ctx: Any) -> dict[str, Any] | None:
             err_high="tok_s_high", facet_titles=labels, value_format="{:.0f}",
             data_columns=["target", "model", "model_source", "engine", "test", "status", "tok_s", "tok_s_sd",
                           "mean_ms", "reps", "timer"]))
+    return figures
+
+
+def build(ctx: Any) -> dict[str, Any] | None:
+    df = ctx.results.tables("llm/*.csv")
+    if df.empty or "test" not in df.columns:
+        return None
+    df = df.copy()
+    df[MODEL_LABEL] = df.apply(_label, axis=1)
+    responses, settings = _responses(ctx, df)
+    figures = _throughput_figures(df, getattr(ctx, "target_labels", None))
     checks = pd.concat([_tests(df, "greedy"), _tests(df, "teacher")])
     check_table = checks[[c for c in ("target", "model", "model_source", "engine", "test", "status", "tokens_match",
                                       "first_mismatch", "logit_rel_err", "worst_position", "ref_self_err", "reason")

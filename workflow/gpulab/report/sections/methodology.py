@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
@@ -19,7 +18,7 @@ import pandas as pd
 
 from gpulab.config import config_hash
 from gpulab.env_capture import git_state
-from gpulab.report.results import is_measured
+from gpulab.report.results import is_measured, job_outputs
 from gpulab.timing import CPU_FLUSH_BYTES, GPU_FLUSH_BYTES, TimingSettings
 
 ORDER = 90
@@ -91,27 +90,12 @@ def correctness_thresholds(config: dict[str, Any]) -> pd.DataFrame | None:
                          for k, v in defaults.items()])
 
 
-_WILDCARD = re.compile(r"\{(\w+)(?:,[^}]*)?\}")
-
-
-def _job_outputs(record: Mapping[str, Any], rule_outputs: Mapping[str, Sequence[str]]) -> set[str]:
-    """The files one job wrote: its rule's output patterns with the job's wildcards filled in."""
-    wildcards = record.get("wildcards") or {}
-    paths = set()
-    for pattern in rule_outputs.get(record.get("rule_name", ""), ()):
-        try:
-            paths.add(os.path.normpath(_WILDCARD.sub(lambda m: str(wildcards[m.group(1)]), pattern)))
-        except KeyError:
-            continue
-    return paths
-
-
 def critical_path(records: Sequence[Mapping[str, Any]], rule_outputs: Mapping[str, Sequence[str]]) -> list[str]:
     """The chain of jobs, each needing the previous one's output, with the largest total wall time.
 
     A job depends on another when one of its recorded inputs is among the other's outputs; the run cannot
     finish sooner than this chain, however many cores it has."""
-    outputs = {r["job"]: _job_outputs(r, rule_outputs) for r in records}
+    outputs = {r["job"]: job_outputs(r, rule_outputs) for r in records}
     preds = {
         r["job"]: [j for j, produced in outputs.items()
                    if j != r["job"] and produced & {os.path.normpath(p) for p in r.get("input_size_mb") or {}}]

@@ -3,6 +3,7 @@ device time goes (top kernels, forward vs backward; GEMM vs elementwise), memory
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -141,6 +142,30 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def _profile_files(ctx: Any, rows: pd.DataFrame, mlp_dir: Path) -> list[dict[str, Any]]:
+    """Per variant its trace and flame-graph stacks, linked when the variant was profiled."""
+    files = []
+    for row in rows.itertuples():
+        trace, stacks = mlp_dir / str(row.trace), mlp_dir / str(row.stacks)
+        files.append({
+            "variant": row.variant, "status": row.status, "reason": row.reason,
+            "trace": ctx.link(trace) if trace.is_file() and row.status == "ok" else None, "trace_name": trace.name,
+            "stacks": ctx.link(stacks) if stacks.is_file() and row.status == "ok" else None,
+            "stacks_name": stacks.name,
+        })
+    return files
+
+
+def _top_kernel_rows(kernels: pd.DataFrame) -> pd.DataFrame:
+    """The 15 longest kernels of each variant, names shortened for the table."""
+    if kernels.empty:
+        return pd.DataFrame()
+    rows = (kernels.sort_values(["variant", "time_us"], ascending=[True, False]).groupby("variant")
+            .head(15)[["variant", "phase", "category", "kernel", "launched_by", "calls", "time_per_step_us", "share"]])
+    rows["kernel"] = rows["kernel"].map(lambda name: short_kernel_name(name, width=90))
+    return rows
+
+
 def build(ctx: Any) -> dict[str, Any] | None:
     summary = ctx.results.table("mlp/summary.csv")
     if summary.empty:
@@ -160,24 +185,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
             figures.append(top_kernels_figure(top_kernels(mine), unit, label))
             figures.append(shares_figure(category_shares(mine), label))
         mlp_dir = ctx.results.path(target, "mlp")
-        files = []
-        for row in rows.itertuples():
-            trace, stacks = mlp_dir / str(row.trace), mlp_dir / str(row.stacks)
-            files.append({
-                "variant": row.variant,
-                "status": row.status,
-                "reason": row.reason,
-                "trace": ctx.link(trace) if trace.is_file() and row.status == "ok" else None,
-                "trace_name": trace.name,
-                "stacks": ctx.link(stacks) if stacks.is_file() and row.status == "ok" else None,
-                "stacks_name": stacks.name,
-            })
-        kernel_rows = pd.DataFrame()
-        if not mine.empty:
-            kernel_rows = (mine.sort_values(["variant", "time_us"], ascending=[True, False]).groupby("variant")
-                           .head(15)[["variant", "phase", "category", "kernel", "launched_by", "calls",
-                                      "time_per_step_us", "share"]])
-            kernel_rows["kernel"] = kernel_rows["kernel"].map(lambda name: short_kernel_name(name, width=90))
+        files = _profile_files(ctx, rows, mlp_dir)
+        kernel_rows = _top_kernel_rows(mine)
         targets.append({
             "name": target,
             "label": ctx.target_labels.get(target, target) if hasattr(ctx, "target_labels") else target,

@@ -202,15 +202,14 @@ def outcomes(ctx: Any, target: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]
     """Per artifact the count of each status, and the rows that are not ok grouped by reason."""
     counts: list[dict[str, Any]] = []
     problems: list[dict[str, Any]] = []
+    rule_outputs = (ctx.config.get("_workflow") or {}).get("rule_outputs") or {}
     for relpath, frame in ctx.results.artifacts(target):
         step = relpath.rsplit(".", 1)[0]
         status = frame["status"].astype(str)
         counts.append({"artifact": step, **{s: int((status == s).sum()) for s in STATUSES}})
         bad = frame[status != "ok"]
         for (state, why), group in bad.groupby([bad["status"].astype(str), bad["reason"].astype(str)], sort=False):
-            hints = tuple(_plain(v) for c in ("impl", "variant", "engine", "model", "op", "tool") if c in group
-                          for v in group[c].dropna().unique())
-            logs = ctx.results.logs_for(target, relpath, hints)
+            logs = ctx.results.logs_for(target, relpath, group, rule_outputs)
             problems.append({
                 "artifact": step, "status": state, "rows": len(group), "cells": _cells(group),
                 "reason": why or "(no reason recorded)",
@@ -228,6 +227,26 @@ def _delta(current: Headline, before: Headline | None, largest: float) -> dict[s
     change = 100.0 * (current.value / before.value - 1.0)
     better = change > 0 if current.higher_is_better else change < 0
     return {"pct": change, "better": better, "before": current.shown(largest, before.value)[0]}
+
+
+def _side_by_side(ctx: Any, table_rows: dict[str, dict[str, Any]],
+                  llm_models: dict[str, str]) -> dict[str, Any] | None:
+    """The headline figures of every target in one table, with each target's ratio to the baseline target."""
+    baseline = ctx.baseline_target
+    frame = pd.DataFrame(list(table_rows.values()))
+    for t in [t for t in ctx.results.targets if t != baseline]:
+        if t in frame.columns and baseline in frame.columns:
+            ratio = frame[t] / frame[baseline]
+            # Decode speed of a 7B model and of the tiny CI model are not comparable: no ratio then.
+            if llm_models.get(t) != llm_models.get(baseline):
+                ratio = ratio.where(frame["figure"] != table_rows["llm_decode"]["figure"])
+            frame[f"{t} vs {baseline} (×)"] = ratio
+    if len(set(llm_models.values())) > 1:
+        frame.loc[frame["figure"] == table_rows["llm_decode"]["figure"], "figure"] = (
+            "LLM decode (tok/s; models differ: " + ", ".join(f"{t}: {m}" for t, m in llm_models.items()) + ")"
+        )
+    measured = [t for t in ctx.results.targets if t in frame.columns and frame[t].notna().any()]
+    return {"frame": frame, "baseline": baseline} if len(measured) > 1 else None
 
 
 def build(ctx: Any) -> dict[str, Any] | None:
@@ -274,22 +293,5 @@ def build(ctx: Any) -> dict[str, Any] | None:
             row[target] = h.value
             if h.key == "llm_decode" and h.measured:
                 llm_models[target] = h.detail.split(" · ", 1)[0]
-    comparison = None
-    if ctx.multi_target:
-        baseline = ctx.baseline_target
-        frame = pd.DataFrame(list(table_rows.values()))
-        others = [t for t in ctx.results.targets if t != baseline]
-        for t in others:
-            if t in frame.columns and baseline in frame.columns:
-                ratio = frame[t] / frame[baseline]
-                # Decode speed of a 7B model and of the tiny CI model are not comparable: no ratio then.
-                if llm_models.get(t) != llm_models.get(baseline):
-                    ratio = ratio.where(frame["figure"] != table_rows["llm_decode"]["figure"])
-                frame[f"{t} vs {baseline} (×)"] = ratio
-        if len(set(llm_models.values())) > 1:
-            frame.loc[frame["figure"] == table_rows["llm_decode"]["figure"], "figure"] = (
-                "LLM decode (tok/s; models differ: " + ", ".join(f"{t}: {m}" for t, m in llm_models.items()) + ")"
-            )
-        measured = [t for t in ctx.results.targets if t in frame.columns and frame[t].notna().any()]
-        comparison = {"frame": frame, "baseline": baseline} if len(measured) > 1 else None
+    comparison = _side_by_side(ctx, table_rows, llm_models) if ctx.multi_target else None
     return {"targets": targets, "comparison": comparison}
