@@ -70,6 +70,13 @@ def kernels_of(wildcards):
 gpu_resources = device_job_resources(config)
 
 
+# A local run has one device: the jobs that use it (`resources: gpu`) run one at a time whatever --cores says,
+# CPU-only jobs (compiles, the tiny model, aggregates, the report) beside them; `--resources gpu=N` overrides.
+# Not on a cluster, where each job has its node's GPUs and a limit here would also cap each job's request.
+if workflow.local_exec and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", 1)
+
+
 # Jobs that run on the submitting host, never on a compute node. Each rule file lists its own CPU-only
 # steps the same way: aggregation, the report, model downloads (compute nodes often have no internet).
 localrules:
