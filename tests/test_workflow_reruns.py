@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from gpulab.device import gpu_driver_present
 from gpulab.kernel_compile.archs import ARCHS
 
 pytestmark = pytest.mark.slow
@@ -123,18 +124,25 @@ def job_spans(log: str) -> list[tuple[str, bool, datetime, datetime]]:
     return spans
 
 
-def test_device_jobs_run_one_at_a_time_with_cpu_jobs_beside_them(done):
-    """The run had two cores: jobs that use the device (resources: gpu) never overlapped, others ran beside."""
+def test_device_jobs_run_one_at_a_time_and_cpu_jobs_beside_them(done):
+    """The run had two cores: jobs that use the device (resources: gpu) never overlapped; CPU-only jobs ran beside
+    them where the device is a GPU, and only beside each other where it is the CPU (it measures there)."""
     log = min((done / ".snakemake/log").glob("*.snakemake.log")).read_text()
     spans = job_spans(log)
-    device = [s for s in spans if s[1]]
+    device, cpu_only = [s for s in spans if s[1]], [s for s in spans if not s[1]]
     assert {"env_capture", "bench_cell", "mlp_profile"} <= {s[0] for s in device}
-    assert "kernels_compile" in {s[0] for s in spans if not s[1]}
+    assert "kernels_compile" in {s[0] for s in cpu_only}
     # Times are whole seconds: a strict overlap of truncated times is a real one.
     overlaps = lambda a, b: a[2] < b[3] and b[2] < a[3]  # noqa: E731
     both = [(a[0], b[0]) for i, a in enumerate(device) for b in device[i + 1:] if overlaps(a, b)]
     assert not both, f"device jobs ran at the same time: {both}"
-    assert any(overlaps(a, b) for a in device for b in spans if not b[1]), "no CPU-only job ran beside a device job"
+    beside = [(a[0], b[0]) for a in device for b in cpu_only if overlaps(a, b)]
+    if gpu_driver_present():
+        assert beside, "no CPU-only job ran beside a device job"
+    else:
+        assert not beside, f"CPU-only jobs ran beside a measurement on the CPU: {beside}"
+        assert any(overlaps(a, b) for i, a in enumerate(cpu_only) for b in cpu_only[i + 1:]), \
+            "CPU-only jobs never ran beside each other"
 
 
 def test_editing_a_triton_kernel_reruns_that_cell_its_aggregate_and_the_report(done, tmp_path):

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from gpulab.cluster import device_job_resources
 from gpulab.config import run_targets
+from gpulab.device import gpu_driver_present
 from gpulab.jobenv import prepare
 from gpulab.sources import kernel_sources, step_sources
 
@@ -75,6 +76,11 @@ gpu_resources = device_job_resources(config)
 # Not on a cluster, where each job has its node's GPUs and a limit here would also cap each job's request.
 if workflow.local_exec and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", 1)
+# `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes
+# every core, so nothing runs beside it (CPU-only jobs still run beside each other).
+DEVICE_THREADS = (
+    workflow.cores if workflow.local_exec and not gpu_driver_present() else 1
+)
 
 
 # Jobs that run on the submitting host, never on a compute node. Each rule file lists its own CPU-only
