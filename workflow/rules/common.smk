@@ -71,16 +71,17 @@ def kernels_of(wildcards):
 gpu_resources = device_job_resources(config)
 
 
+# Snakemake needs --jobs for a cluster run and takes it as --cores for a local one: without it, the run is local
+# (the Snakefile is read before the executor is chosen, so this is the one sign available here).
+LOCAL_RUN = workflow.nodes is None
 # A local run has one device: the jobs that use it (`resources: gpu`) run one at a time whatever --cores says,
 # CPU-only jobs (compiles, the tiny model, aggregates, the report) beside them; `--resources gpu=N` overrides.
-# Not on a cluster, where each job has its node's GPUs and a limit here would also cap each job's request.
-if workflow.local_exec and "gpu" not in workflow.global_resources:
+# Never on a cluster, where each job has its node's GPUs: a limit would throttle submissions and cap requests.
+if LOCAL_RUN and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", 1)
 # `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes
 # every core, so nothing runs beside it (CPU-only jobs still run beside each other).
-DEVICE_THREADS = (
-    workflow.cores if workflow.local_exec and not gpu_driver_present() else 1
-)
+DEVICE_THREADS = workflow.cores if LOCAL_RUN and not gpu_driver_present() else 1
 
 
 # Jobs that run on the submitting host, never on a compute node. Each rule file lists its own CPU-only
