@@ -52,3 +52,12 @@ def test_detect_on_this_machine_is_consistent():
         assert info.backend == "cpu" and info.reason and info.torch_device == "cpu"
     else:
         assert info.arch and info.total_memory_bytes > 0
+
+
+def test_a_gpu_driver_is_told_by_its_device_nodes(tmp_path):
+    from gpulab.device import gpu_driver_present
+
+    node = tmp_path / "kfd"
+    assert not gpu_driver_present((str(node),))
+    node.touch()
+    assert gpu_driver_present((str(tmp_path / "nvidiactl"), str(node)))

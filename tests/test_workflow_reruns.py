@@ -13,11 +13,13 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from gpulab.device import gpu_driver_present
 from gpulab.kernel_compile.archs import ARCHS
 
 pytestmark = pytest.mark.slow
@@ -124,6 +126,44 @@ def test_every_job_has_a_benchmark_record_with_its_params(done):
     assert cell["s"] > 0 and cell["params"]["sizes"] == [4096, 1000]
     html = (done / "reports/report.html").read_text()
     assert "Wall time per step" in html and "Critical path of" in html
+
+
+def job_spans(log: str) -> list[tuple[str, bool, datetime, datetime]]:
+    """Each finished job of a Snakemake log: (rule, uses the device, start, end), to the second."""
+    stamp = r"^\[(\w{3} \w{3} +\d+ [\d:]{8} \d{4})\]\n"
+    started = re.finditer(stamp + r"(?:local)?rule (\w+):\n((?:    .*\n)*)", log, re.M)
+    ended = {m[2]: m[1] for m in re.finditer(stamp + r"Finished jobid: (\d+)", log, re.M)}
+
+    def when(text: str) -> datetime:
+        return datetime.strptime(" ".join(text.split()), "%a %b %d %H:%M:%S %Y")
+
+    spans = []
+    for m in started:
+        job = re.search(r"^    jobid: (\d+)$", m[3], re.M)[1]
+        if job in ended:
+            spans.append((m[2], bool(re.search(r"^    resources: .*\bgpu=", m[3], re.M)), when(m[1]), when(ended[job])))
+    return spans
+
+
+def test_device_jobs_run_one_at_a_time_and_cpu_jobs_beside_them(done):
+    """The run had two cores: jobs that use the device (resources: gpu) never overlapped; CPU-only jobs ran beside
+    them where the device is a GPU, and only beside each other where it is the CPU (it measures there)."""
+    log = min((done / ".snakemake/log").glob("*.snakemake.log")).read_text()
+    spans = job_spans(log)
+    device, cpu_only = [s for s in spans if s[1]], [s for s in spans if not s[1]]
+    assert {"env_capture", "bench_cell", "mlp_profile"} <= {s[0] for s in device}
+    assert "kernels_compile" in {s[0] for s in cpu_only}
+    # Times are whole seconds: a strict overlap of truncated times is a real one.
+    overlaps = lambda a, b: a[2] < b[3] and b[2] < a[3]  # noqa: E731
+    both = [(a[0], b[0]) for i, a in enumerate(device) for b in device[i + 1:] if overlaps(a, b)]
+    assert not both, f"device jobs ran at the same time: {both}"
+    beside = [(a[0], b[0]) for a in device for b in cpu_only if overlaps(a, b)]
+    if gpu_driver_present():
+        assert beside, "no CPU-only job ran beside a device job"
+    else:
+        assert not beside, f"CPU-only jobs ran beside a measurement on the CPU: {beside}"
+        assert any(overlaps(a, b) for i, a in enumerate(cpu_only) for b in cpu_only[i + 1:]), \
+            "CPU-only jobs never ran beside each other"
 
 
 def test_editing_a_triton_kernel_reruns_that_cell_its_aggregate_and_the_report(done, tmp_path):

@@ -154,6 +154,16 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+# Device nodes of NVIDIA's driver and of AMD's ROCm kernel driver (/dev/kfd).
+GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def gpu_driver_present(nodes: tuple[str, ...] = GPU_DRIVER_NODES) -> bool:
+    """Whether this machine has a GPU driver, judged without starting a runtime (cheap enough for the Snakefile:
+    without one, the jobs that measure on the device measure the CPU and must not share it, common.smk)."""
+    return any(os.path.exists(node) for node in nodes)
+
+
 @functools.cache
 def detect() -> DeviceInfo:
     """Detect once per process; every step calls this."""

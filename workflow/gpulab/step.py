@@ -8,12 +8,14 @@ be set before, and :func:`run` sets them first.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, MutableMapping, Sequence
 from functools import cached_property
 from typing import Any
 
 from gpulab.cluster import apply_target_env
 from gpulab.logs import to_log
+from gpulab.paths import compiler_cache_env
 
 
 class Step:
@@ -53,9 +55,24 @@ class Step:
         enforce_strict(table, bool(self.params.get("strict", False)), what)
 
 
+def use_compiler_caches(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Point Triton and Inductor at the workflow's persistent caches (``.cache/triton``, ``.cache/inductor``).
+
+    Their defaults live under /tmp, lost with the machine; kept in ``.cache/`` a rerun after editing one kernel
+    recompiles only that kernel. A variable already set (by the user, or a target's ``env``) is left alone.
+    Returns the variables set.
+    """
+    environ = os.environ if environ is None else environ
+    added = {name: value for name, value in compiler_cache_env().items() if name not in environ}
+    environ.update(added)
+    return added
+
+
 def run(snakemake: Any, main: Callable[[Step], None]) -> None:
-    """Log to the rule's log, export the target's environment (jobs with a ``target`` wildcard), run ``main``."""
+    """Log to the rule's log, point the compilers at the persistent caches, export the target's environment
+    (jobs with a ``target`` wildcard), run ``main``."""
     to_log(snakemake.log[0])
+    use_compiler_caches()
     target = getattr(snakemake.wildcards, "target", None)
     if target is not None:
         apply_target_env(snakemake.config, target)

@@ -26,6 +26,7 @@ rule bench_ceilings:
         benchmark_of("bench_ceilings")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:
@@ -60,6 +61,7 @@ rule bench_cell:
         benchmark_of("bench_cell_{op}__{impl}")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:

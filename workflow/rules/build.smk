@@ -22,6 +22,7 @@ rule hip_standalone:
         benchmark_of("hip_standalone")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:
@@ -53,6 +54,7 @@ rule extension_build:
         benchmark_of("extension_build")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:
@@ -76,6 +78,7 @@ rule timing_pitfalls:
         benchmark_of("timing_pitfalls")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from gpulab.cluster import device_job_resources
 from gpulab.config import run_targets
+from gpulab.device import gpu_driver_present
 from gpulab.jobenv import prepare
 from gpulab.sources import kernel_sources, step_sources
 
@@ -68,6 +69,19 @@ def kernels_of(wildcards):
 # the Slurm profile each job asks for its target's partition, GPUs, time and memory (gpulab.cluster);
 # local runs ignore them. The scripts of these rules call gpulab.cluster.apply_target_env first.
 gpu_resources = device_job_resources(config)
+
+
+# Snakemake needs --jobs for a cluster run and takes it as --cores for a local one: without it, the run is local
+# (the Snakefile is read before the executor is chosen, so this is the one sign available here).
+LOCAL_RUN = workflow.nodes is None
+# A local run has one device: the jobs that use it (`resources: gpu`) run one at a time whatever --cores says,
+# CPU-only jobs (compiles, the tiny model, aggregates, the report) beside them; `--resources gpu=N` overrides.
+# Never on a cluster, where each job has its node's GPUs: a limit would throttle submissions and cap requests.
+if LOCAL_RUN and "gpu" not in workflow.global_resources:
+    workflow.register_resource("gpu", 1)
+# `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes
+# every core, so nothing runs beside it (CPU-only jobs still run beside each other).
+DEVICE_THREADS = workflow.cores if LOCAL_RUN and not gpu_driver_present() else 1
 
 
 # Jobs that run on the submitting host, never on a compute node. Each rule file lists its own CPU-only

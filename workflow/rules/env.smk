@@ -15,6 +15,7 @@ rule env_capture:
         benchmark_of("env_capture")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:

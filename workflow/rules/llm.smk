@@ -81,6 +81,7 @@ rule llm_infer:
         benchmark_of("llm_infer_{model}__{engine}")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:

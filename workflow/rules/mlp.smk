@@ -32,6 +32,7 @@ rule mlp_profile:
         benchmark_of("mlp_profile")
     conda:
         CONDA_ENV
+    threads: DEVICE_THREADS
     resources:
         **gpu_resources,
     params:

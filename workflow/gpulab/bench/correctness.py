@@ -34,7 +34,7 @@ class CheckResult:
     element_ratio: float
     nonfinite: int
     tolerance: float
-    cold_call_ms: float  # the case's very first call: compilation, autotuning, JIT all land here
+    cold_call_ms: float  # the case's first call in this job: compilation, autotuning, JIT (unless cached) land here
     reason: str = ""
 
     def as_row(self) -> dict[str, Any]:

@@ -65,7 +65,8 @@ BENCH = TableSchema(
         Column("element_err_ratio", "float", "max over elements of |out - ref| / (atol + rtol |ref|): above 1 fails"),
         Column("nonfinite", "int", "outputs that were NaN/inf after the call (poisoned and unwritten)"),
         Column("tolerance", "float", "rel_err bound for this dtype"),
-        Column("cold_call_ms", "float", "first call ever of this case: compilation/autotuning/JIT included"),
+        Column("cold_call_ms", "float", "first call of this case in its job: compilation/autotuning/JIT included, "
+               "unless the compiler caches under .cache/ (gpulab.paths) already held them from an earlier run"),
         Column("gbps", "float", "bytes_moved / median time, GB/s (1e9 B/s)"),
         Column("gbps_p90", "float", "GB/s at the p10 time (the fast end of the spread)"),
         Column("gbps_p10", "float", "GB/s at the p90 time (the slow end of the spread)"),
