@@ -181,6 +181,7 @@ def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mappin
     """All methods of one pattern at one size and dtype: one row each (the GPU state: see with_state)."""
     import torch
 
+    timing = timing.for_device(info)  # the screen scales its settings: auto values resolved first
     numel = tensor_bytes // ITEMSIZE[dtype]
     moved = PATTERN_TRANSFERS[pattern] * numel * ITEMSIZE[dtype]
     dev, tdtype = info.torch_device, torch_dtype(dtype)
@@ -214,7 +215,8 @@ def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mappin
 
 def screen_settings(timing: TimingSettings) -> TimingSettings:
     """A tenth of a full measurement (at least SCREEN_REPS repetitions), to rank the sweep's launch shapes."""
-    return replace(timing, min_time_s=timing.min_time_s / 10, max_wall_s=timing.max_wall_s / 10,
+    wall = timing.max_wall_s if timing.max_wall_s == "auto" else float(timing.max_wall_s) / 10
+    return replace(timing, min_time_s=timing.min_time_s / 10, max_wall_s=wall,
                    min_reps=SCREEN_REPS, max_reps=max(SCREEN_REPS, timing.max_reps // 10))
 
 
@@ -316,7 +318,6 @@ def measure_ceilings(
     from gpulab.bench.sizes import max_tensor_bytes as bench_max_bytes
 
     info = device or detect()
-    timing = timing.for_device(info)  # the screen scales its settings: auto values resolved first
     matrix = matrix or {}
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
     copy_mib = config.get("copy_mib", "auto")
