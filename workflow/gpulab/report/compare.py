@@ -128,17 +128,9 @@ def cross_target_ratios(
     wide = ok.pivot_table(index=keys, columns="target", values=value, aggfunc="first")
     matched_on = "same cell"
     if wide.dropna().empty and size in keys and higher_is_better:
-        rest = [k for k in keys if k not in (size, *SIZE_ORDER_COLUMNS)]
-        # "size" may be a shape string (softmax "4096x1024"): order by element count when rows carry it.
-        order = next((c for c in SIZE_ORDER_COLUMNS if c in ok.columns), size)
-        magnitude = pd.to_numeric(ok[order], errors="coerce")
-        if rest and magnitude.notna().all():
-            largest = ok.loc[magnitude.groupby([ok[k] for k in [*rest, "target"]]).idxmax()]
-            wide = largest.pivot_table(index=rest, columns="target", values=value, aggfunc="first")
-            sizes = largest.pivot(index=rest, columns="target", values=size)
-            for t in sizes.columns:
-                wide[f"{size} ({t})"] = sizes[t]
-            matched_on = "largest size each target ran"
+        by_largest = _largest_sizes(ok, keys, value, size)
+        if by_largest is not None:
+            wide, matched_on = by_largest, "largest size each target ran"
     ratio_columns = []
     for t in targets:
         if t == baseline or t not in wide.columns or baseline not in wide.columns:
@@ -149,6 +141,23 @@ def cross_target_ratios(
     frame = wide.reset_index()
     frame.columns.name = None
     return RatioTable(frame, baseline, targets, value, higher_is_better, matched_on, ratio_columns)
+
+
+def _largest_sizes(ok: pd.DataFrame, keys: Sequence[str], value: str, size: str) -> pd.DataFrame | None:
+    """``value`` per cell at each target's largest size (sizes shown beside), for targets with no size in
+    common; None when the rows cannot be ordered by size."""
+    rest = [k for k in keys if k not in (size, *SIZE_ORDER_COLUMNS)]
+    # "size" may be a shape string (softmax "4096x1024"): order by element count when rows carry it.
+    order = next((c for c in SIZE_ORDER_COLUMNS if c in ok.columns), size)
+    magnitude = pd.to_numeric(ok[order], errors="coerce")
+    if not rest or not magnitude.notna().all():
+        return None
+    largest = ok.loc[magnitude.groupby([ok[k] for k in [*rest, "target"]]).idxmax()]
+    wide = largest.pivot_table(index=rest, columns="target", values=value, aggfunc="first")
+    sizes = largest.pivot(index=rest, columns="target", values=size)
+    for t in sizes.columns:
+        wide[f"{size} ({t})"] = sizes[t]
+    return wide
 
 
 def geometric_mean(values: pd.Series) -> float:

@@ -36,49 +36,50 @@ VERDICT_COLORS = {FASTER: "#009e73", SLOWER: "#d55e00", WITHIN: "#8c8c8c", STATU
                   NO_VERDICT: "#e69f00"}
 
 
+def _artifact(name: str, old: dict[str, pd.DataFrame], new: dict[str, pd.DataFrame],
+              min_effect: float) -> dict[str, Any] | None:
+    """One artifact's verdicts against the baseline run (None: nothing worth showing)."""
+    if name not in old or name not in new:
+        return {"name": name, "only": "baseline" if name in old else "this run",
+                "counts": {}, "flagged": pd.DataFrame(), "all": pd.DataFrame()}
+    a, b = old[name], new[name]
+    deltas = run_deltas(a, b, min_effect=min_effect)
+    if not (is_measured(a) and is_measured(b)):
+        # Nothing timed to compare: only a changed outcome (a check that now fails) is news.
+        deltas = deltas[deltas["verdict"] == STATUS_CHANGED]
+        if deltas.empty:
+            return None
+    counts = deltas["verdict"].value_counts().to_dict()
+    return {"name": name, "only": None, "counts": {v: int(counts.get(v, 0)) for v in VERDICTS if counts.get(v)},
+            "flagged": deltas[deltas["verdict"].isin(FLAGGED)], "all": deltas}
+
+
+def _target(ctx: Any, target: str, min_effect: float, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """One target's artifacts compared, its totals per verdict; measured cells are added to ``points``."""
+    old, new = dict(ctx.baseline.artifacts(target)), dict(ctx.results.artifacts(target))
+    names = [n for n in sorted(set(old) | set(new)) if not n.startswith("env/")]
+    artifacts = [a for a in (_artifact(n, old, new, min_effect) for n in names) if a is not None]
+    totals: dict[str, int] = {}
+    for artifact in artifacts:
+        for verdict, n in artifact["counts"].items():
+            totals[verdict] = totals.get(verdict, 0) + n
+        if artifact["only"]:
+            continue
+        deltas = artifact["all"]
+        measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin((FASTER, SLOWER, WITHIN, NO_VERDICT))]
+        points += [{"cell": f"{target} · {artifact['name'].rsplit('.', 1)[0]}", "verdict": row["verdict"],
+                    "time ratio (new / baseline)": 1 + row["change_pct"] / 100} for _, row in measured.iterrows()]
+    return {"name": target, "env_diff": env_differences(ctx.baseline.env(target), ctx.results.env(target)),
+            "artifacts": artifacts, "totals": {v: totals[v] for v in VERDICTS if v in totals}}
+
+
 def build(ctx: Any) -> dict[str, Any] | None:
     if ctx.baseline is None:
         return None
     new_targets, old_targets = set(ctx.results.targets), set(ctx.baseline.targets)
-    common = sorted(new_targets & old_targets)
     min_effect = float(ctx.config.get("_min_effect", MIN_EFFECT))
-    targets = []
-    points = []
-    for target in common:
-        env_diff = env_differences(ctx.baseline.env(target), ctx.results.env(target))
-        old = dict(ctx.baseline.artifacts(target))
-        new = dict(ctx.results.artifacts(target))
-        artifacts = []
-        for name in sorted(set(old) | set(new)):
-            if name.startswith("env/"):
-                continue
-            if name not in old or name not in new:
-                artifacts.append({"name": name, "only": "baseline" if name in old else "this run",
-                                  "counts": {}, "flagged": pd.DataFrame(), "all": pd.DataFrame()})
-                continue
-            a, b = old[name], new[name]
-            deltas = run_deltas(a, b, min_effect=min_effect)
-            if not (is_measured(a) and is_measured(b)):
-                # Nothing timed to compare: only a changed outcome (a check that now fails) is news.
-                deltas = deltas[deltas["verdict"] == STATUS_CHANGED]
-                if deltas.empty:
-                    continue
-            counts = deltas["verdict"].value_counts().to_dict()
-            flagged = deltas[deltas["verdict"].isin(FLAGGED)]
-            artifacts.append({"name": name, "only": None,
-                              "counts": {v: int(counts.get(v, 0)) for v in VERDICTS if counts.get(v)},
-                              "flagged": flagged, "all": deltas})
-            measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin(
-                (FASTER, SLOWER, WITHIN, NO_VERDICT))]
-            for _, row in measured.iterrows():
-                points.append({"cell": f"{target} · {name.rsplit('.', 1)[0]}", "verdict": row["verdict"],
-                               "time ratio (new / baseline)": 1 + row["change_pct"] / 100})
-        totals: dict[str, int] = {}
-        for artifact in artifacts:
-            for verdict, n in artifact["counts"].items():
-                totals[verdict] = totals.get(verdict, 0) + n
-        targets.append({"name": target, "env_diff": env_diff, "artifacts": artifacts,
-                        "totals": {v: totals[v] for v in VERDICTS if v in totals}})
+    points: list[dict[str, Any]] = []
+    targets = [_target(ctx, target, min_effect, points) for target in sorted(new_targets & old_targets)]
     overview = None
     if points:
         frame = pd.DataFrame(points)
