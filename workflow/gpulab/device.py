@@ -170,9 +170,11 @@ def detect() -> DeviceInfo:
     return _detect_uncached()
 
 
-def synchronize(info: DeviceInfo | None = None) -> None:
-    info = info or detect()
-    if info.gpu_available:
+def synchronize(device: DeviceInfo | str | None = None) -> None:
+    """Wait for the work queued on the device (nothing to wait for on a CPU). ``device`` is the detected
+    device, a torch device string ("cpu", "cuda:0"), or None for this process's device."""
+    gpu = device != "cpu" if isinstance(device, str) else (device or detect()).gpu_available
+    if gpu:
         import torch
 
         torch.cuda.synchronize()

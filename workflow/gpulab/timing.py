@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from gpulab.device import DeviceInfo, detect
+from gpulab.device import DeviceInfo, detect, synchronize
 
 # MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU.
 GPU_FLUSH_BYTES = 512 * 2**20
@@ -250,25 +250,18 @@ def measure(
     )
 
 
-def _sync(info: DeviceInfo) -> None:
-    if info.gpu_available:
-        import torch
-
-        torch.cuda.synchronize()
-
-
 def _warm_up(fns: Sequence[Callable[[], object]], settings: TimingSettings, info: DeviceInfo) -> float:
     """The untimed first call (its wall time is returned: compilation lands here) and further warm-up calls,
     at least one per closure: a rotated input set first used inside the timed loop made the first block
     of a CPU measurement 1.5-15x slower than the rest (first-touch of its pages and allocations)."""
-    _sync(info)
+    synchronize(info)
     start = time.perf_counter()
     fns[0]()
-    _sync(info)
+    synchronize(info)
     first_call_ms = (time.perf_counter() - start) * 1e3
     for i in range(1, max(settings.warmup_reps, len(fns))):
         fns[i % len(fns)]()
-    _sync(info)
+    synchronize(info)
     return first_call_ms
 
 

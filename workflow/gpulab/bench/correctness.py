@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulab.bench.ops import NORM_TOLERANCES, Check, check, norm_tolerance
 from gpulab.bench.registry import Case, Impl
+from gpulab.device import synchronize
 
 if TYPE_CHECKING:
     import torch
@@ -55,13 +56,6 @@ def poison_allocator(shape: Sequence[int], dtype: torch.dtype, device: str) -> N
         return
     block = torch.full(tuple(shape), math.nan, dtype=dtype, device=device)
     del block
-
-
-def synchronize(device: str) -> None:
-    if device != "cpu":
-        import torch
-
-        torch.cuda.synchronize()
 
 
 @dataclass

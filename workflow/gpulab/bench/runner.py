@@ -31,13 +31,12 @@ from gpulab.bench.correctness import (
     check_output,
     prepare,
     snapshot,
-    synchronize,
     tolerance_for,
 )
 from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
 from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, placement
-from gpulab.device import DeviceInfo
+from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
 from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
