@@ -21,6 +21,7 @@ import pandas as pd
 from gpulab.config import validate_config
 from gpulab.report.render import RenderedReport, render_report
 from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
+from gpulab.timing import format_blocks, parse_blocks
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_RESULTS = FIXTURES / "report" / "results"
@@ -132,7 +133,7 @@ def make_run_pair(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     for column in ("median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms"):
         gelu.loc[slow, column] = gelu.loc[slow, column] * 3
     if "times_ms" in gelu.columns:  # the repetition times the comparison's statistics use
-        gelu.loc[slow, "times_ms"] = " ".join(f"{3 * float(t):.5g}" for t in str(gelu.loc[slow, "times_ms"]).split())
+        gelu.loc[slow, "times_ms"] = format_blocks([3 * b for b in parse_blocks(gelu.loc[slow, "times_ms"])])
     gelu.loc[broken, "status"] = "incorrect"
     gelu.loc[broken, "reason"] = "relative error 0.5 exceeds the fp32 tolerance 1e-05 (changed by the test)"
     gelu.to_csv(gelu_path, index=False)

@@ -191,10 +191,7 @@ def test_report_section_shows_heatmaps_and_measured_beside_static(tmp_path):
     from gpulab.report.results import ResultsIndex
     from gpulab.report.sections import kernels
 
-    shutil.copytree(FIXTURES / "h100", tmp_path / "h100")
-    (tmp_path / "h100" / "env").mkdir()
-    env = {"fingerprint": "dev", "device": {"name": "NVIDIA H100", "backend": "cuda", "arch": "sm_90"}}
-    (tmp_path / "h100" / "env" / "env.json").write_text(pd.Series(env).to_json())
+    shutil.copytree(FIXTURES / "h100", tmp_path / "h100")  # the recorded H100 run: its bench tables and env.json
     a = arch("sm_90")
     rows = []
     with private_triton_cache():
