@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpulab.report.results import METADATA_COLUMNS, key_columns
+from gpulab.report.results import METADATA_COLUMNS, key_columns, number
 
 # Throughput columns, best first: where an artifact has one, targets are compared on it (higher is
 # better) so cells at different problem sizes (sizes scale with each device) still compare.
@@ -237,14 +237,6 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.median(b) / np.median(a)) if a.size and b.size and np.median(a) > 0 else math.nan
 
 
-def _num(value: Any) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return math.nan
-    return out
-
-
 RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable")
 
 
@@ -255,9 +247,9 @@ def _cell_times(row: Mapping[str, Any]) -> list[np.ndarray]:
     blocks = parse_blocks(row.get("times_ms"))
     if blocks:
         return blocks
-    median = _num(row.get("median_ms"))
-    if math.isnan(median) and _num(row.get("tok_s")) > 0:
-        median = 1e3 / _num(row.get("tok_s"))
+    median = number(row.get("median_ms"))
+    if math.isnan(median) and number(row.get("tok_s")) > 0:
+        median = 1e3 / number(row.get("tok_s"))
     return [np.array([median])] if not math.isnan(median) else []
 
 
