@@ -61,7 +61,7 @@ from gpulab.tables import SchemaError
 from gpulab.timing import TimingSettings, parse_times, rotation_sets
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
-FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False)
+FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False, min_span_s=0)
 CPU = DeviceInfo(backend="cpu", torch_version=torch.__version__, hip_version=None, cuda_version=None,
                  gpu_available=False, reason="PyTorch is a CPU-only build")
 GIB = 2**30
@@ -492,6 +492,41 @@ def test_an_out_of_memory_case_is_oom_and_the_rest_goes_on():
     row = run_cell("gelu", "raises", shapes=[(64,)], dtypes=["fp32"], settings=FAST, ctx=ctx(), fingerprint="fp",
                    registry=registry, progress=False)[0]
     assert row["status"] == "failed" and row["reason"] == "RuntimeError: kernel launch failed"
+
+
+def test_a_cell_takes_its_cases_blocks_in_turn_over_the_minimum_span():
+    registry = Registry()
+    order: list[int] = []
+    calls = {"n": 0}
+
+    @registry.register("gelu", "traced")
+    def traced(case, inputs, out):
+        def run():
+            order.append(case.shape[0])
+            return manual_gelu(inputs[0])
+        return run
+
+    @registry.register("gelu", "dies_while_timed")
+    def dies(case, inputs, out):
+        def run():
+            calls["n"] += 1
+            if case.shape[0] == 64 and calls["n"] > 40:
+                raise RuntimeError("device lost")
+            return manual_gelu(inputs[0])
+        return run
+
+    settings = replace(FAST, min_reps=16, max_reps=16, min_span_s=0.5)
+    start = time.monotonic()
+    rows = run_cell("gelu", "traced", shapes=[(64,), (96,)], dtypes=["fp32"], settings=settings, ctx=ctx(),
+                    fingerprint="fp", registry=registry, progress=False)
+    assert time.monotonic() - start >= 0.5
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["times_ms"].count("|") == 7 for r in rows)
+    timed = order[order.index(96, order.index(96) + 1):]  # after the second case's gate and warm-up
+    switches = sum(a != b for a, b in zip(timed, timed[1:], strict=False))
+    assert switches >= 14  # 8 blocks each, alternating: at least 2 x 8 - 2 changes of case
+    rows = run_cell("gelu", "dies_while_timed", shapes=[(64,), (96,)], dtypes=["fp32"], settings=settings,
+                    ctx=ctx(), fingerprint="fp", registry=registry, progress=False)
+    assert [r["status"] for r in rows] == ["failed", "ok"] and rows[0]["reason"] == "RuntimeError: device lost"
 
 
 def test_a_spent_time_budget_skips_the_remaining_cases():

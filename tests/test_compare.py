@@ -111,9 +111,9 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
     """Two real CPU runs of a small benchmark matrix, written as two results directories; the second run
     measures ``scale`` times the data of each case under the same label (a real slowdown when above 1).
 
-    The runs alternate case by case (op x implementation x size x dtype), so load from other processes on
-    a shared CI machine falls on both runs alike; one torch thread keeps the cores from being
-    oversubscribed.
+    Each run measures each (op, implementation) cell as the workflow's bench job does (``run_cell``: all
+    sizes x dtypes together, their blocks taken in turn); the two runs alternate cell by cell, so both
+    meet the same machine, and one torch thread keeps the cores from being oversubscribed.
     """
     settings = TimingSettings(min_time_s=0.05, min_reps=30, max_reps=200, max_wall_s=1.0, warmup_reps=3,
                               flush_cache=False)
@@ -124,14 +124,12 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
         for op, shapes in matrix:
             rows: dict[Path, list] = {first: [], second: []}
             for impl in impls:
-                for shape in shapes:
-                    for dtype in ("fp32", "bf16"):
-                        for root, factor in ((first, 1.0), (second, scale)):
-                            measured = (*shape[:-1], round(shape[-1] * factor))
-                            found = run_cell(op, impl, shapes=[measured], dtypes=[dtype], settings=settings,
-                                             ctx=ctx, fingerprint="aa", progress=False)
-                            label = "x".join(map(str, shape)) if len(shape) > 1 else shape[0]
-                            rows[root] += [{**row, "size": label} for row in found]
+                for root, factor in ((first, 1.0), (second, scale)):
+                    measured = [(*shape[:-1], round(shape[-1] * factor)) for shape in shapes]
+                    found = run_cell(op, impl, shapes=measured, dtypes=["fp32", "bf16"], settings=settings,
+                                     ctx=ctx, fingerprint="aa", progress=False)
+                    labels = ["x".join(map(str, s)) if len(s) > 1 else s[0] for s in shapes for _ in range(2)]
+                    rows[root] += [{**row, "size": label} for row, label in zip(found, labels, strict=True)]
             for root, found in rows.items():
                 BENCH.write(found, root / "local" / "bench" / f"{op}.csv")
     finally:
@@ -141,14 +139,6 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
         (root / "local" / "env" / "env.json").write_text(json.dumps({"fingerprint": "aa", "device": {"name": "cpu"}}))
 
 
-# Measured on the shared 2-core machine with three other jobs running (load 7): with blocked timing and the
-# cluster bootstrap, A/A runs flagged 5-11 of 24 cells (level shifts of 4-50% between runs that stay flat
-# across a run's blocks), and 1.3x the data was missed in 1-2 of 8 cells. On the same machine idle, A/A runs
-# still flagged more than one cell, and also with inputs re-allocated before every block or the process pinned
-# to one CPU (11-12 of 24): whole measurements of a case shift level against the next (add manual 16384 fp32
-# flat at 6.0 us in one, 8.2 us in the next), slower than one measurement lasts.
-@pytest.mark.xfail(reason="run-to-run shifts on a loaded CPU exceed the block-to-block spread (issue 13)",
-                   strict=False)
 def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     _runs(first, second)
@@ -159,11 +149,6 @@ def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
     assert len(flagged) <= 0.05 * len(deltas), flagged[["artifact", "impl", "size", "dtype", "change_pct"]]
 
 
-# Measured on the shared 2-core machine with three other jobs running (load 7): with blocked timing and the
-# cluster bootstrap, A/A runs flagged 5-11 of 24 cells (level shifts of 4-50% between runs that stay flat
-# across a run's blocks), and 1.3x the data was missed in 1-2 of 8 cells. Not yet measured on an idle machine.
-@pytest.mark.xfail(reason="run-to-run shifts on a loaded CPU exceed the block-to-block spread (issue 13)",
-                   strict=False)
 def test_a_real_slowdown_on_thirty_percent_more_data_is_flagged(tmp_path):
     """The power side of the A/A test: the same cases on 1.3x the data under the same label are slower."""
     first, second = tmp_path / "a", tmp_path / "b"

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = {
-    "timing": {"min_time_s": 0.01, "min_reps": 3, "max_reps": 5, "warmup_reps": 1, "flush_cache": False},
+    "timing": {"min_time_s": 0.01, "min_reps": 3, "max_reps": 5, "warmup_reps": 1, "flush_cache": False,
+               "min_span_s": 0},
     "ceilings": {"copy_mib": 1, "matmul_n": 64, "dtypes": ["fp32"]},
     "build": {"standalone_sizes": [1024]},
     "bench": {"ops": ["gelu", "add"], "impls": ["native", "triton"], "dtypes": ["fp32"],

@@ -7,8 +7,10 @@ then repetitions timed with device events on a GPU (``torch.cuda.Event`` is HIP 
 reached. The repetitions are taken in blocks (``blocks``, default 8): the first block sizes the rest, and
 before each block the memory layout is re-drawn and the CPU yielded, so that what differs from one run to
 the next (where the op's outputs land, what else the machine runs) also varies between blocks of one
-run, where the run-vs-run comparison can see it (``gpulab.report.compare``). Before each repetition a
-buffer larger than the last-level cache is overwritten (outside the timed region) so repeated runs do
+run, where the run-vs-run comparison can see it (``gpulab.report.compare``); :class:`Measurement` takes
+one block at a time, so the bench runner can interleave the blocks of a cell's cases over
+``min_span_s`` of wall time (states of a shared CPU outlast one measurement). Before each repetition a
+buffer larger than the last-level cache is read (outside the timed region) so repeated runs do
 not measure the cache; callers may also pass several closures over different inputs, which are rotated.
 
 Every summary carries its repetition times (``times_ms``, in timed order, blocks separated by ``|``, for
@@ -41,6 +43,11 @@ MIN_STABLE_REPS = 5
 # repetitions, and the default CPU run spends minutes less flushing.
 GPU_MAX_WALL_S = 3.0
 CPU_MAX_WALL_S = 1.0
+# Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): on the shared
+# 2-core CI machine a case's speed shifts by 30-60% in states that last about a second, so a quicker cell
+# would see one state in one run and another in the next.
+CPU_MIN_SPAN_S = 3.0
+GPU_MIN_SPAN_S = 1.0
 # Largest allocation held during a block to move the op's outputs (several pages, so both the offset
 # within a page and the cache sets an output maps to change).
 LAYOUT_SHIM_BYTES = 64 * 2**10
@@ -56,6 +63,7 @@ class TimingSettings:
     warmup_reps: int = 3
     flush_cache: bool = True
     blocks: int = 8
+    min_span_s: float | str = "auto"
 
     @classmethod
     def from_config(cls, timing_config: Mapping[str, Any] | None) -> TimingSettings:
@@ -64,9 +72,13 @@ class TimingSettings:
 
     def for_device(self, info: DeviceInfo) -> TimingSettings:
         """These settings with ``auto`` values resolved for the device that measures."""
-        if self.max_wall_s != "auto":
-            return self
-        return replace(self, max_wall_s=GPU_MAX_WALL_S if info.gpu_available else CPU_MAX_WALL_S)
+        gpu = info.gpu_available
+        resolved = self
+        if self.max_wall_s == "auto":
+            resolved = replace(resolved, max_wall_s=GPU_MAX_WALL_S if gpu else CPU_MAX_WALL_S)
+        if self.min_span_s == "auto":
+            resolved = replace(resolved, min_span_s=GPU_MIN_SPAN_S if gpu else CPU_MIN_SPAN_S)
+        return resolved
 
 
 @dataclass(frozen=True)
@@ -155,9 +167,17 @@ def rotation_sets(settings: TimingSettings, info: DeviceInfo, bytes_per_set: int
     return max(1, min(MAX_ROTATION, math.ceil(2 * cache / max(1, bytes_per_set))))
 
 
-class _CacheFlusher:
+class CacheFlusher:
+    """Reads a buffer larger than the last-level cache (before each repetition, outside the timer).
+
+    Reading, not writing: a flush that overwrites its buffer leaves the cache full of dirty lines, and
+    the timed op then pays for writing them back (on the H100, up to 50 MB extra traffic on a 64 MiB copy
+    whose own traffic is 128 MiB). Read, the cache holds clean lines that are evicted for free.
+    """
+
     def __init__(self, info: DeviceInfo, enabled: bool) -> None:
         self.buffer = None
+        self.sink = None
         if not enabled:
             return
         import torch
@@ -165,11 +185,15 @@ class _CacheFlusher:
         nbytes = GPU_FLUSH_BYTES if info.gpu_available else CPU_FLUSH_BYTES
         if info.gpu_available and info.total_memory_bytes:
             nbytes = min(nbytes, info.total_memory_bytes // 16)
-        self.buffer = torch.empty(nbytes // 4, dtype=torch.int32, device=info.torch_device)
+        # float32: PyTorch's integer sum on a CPU is 50x slower than its vectorised float sum.
+        self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=info.torch_device)
+        self.sink = torch.zeros((), dtype=torch.float32, device=info.torch_device)
 
     def __call__(self) -> None:
         if self.buffer is not None:
-            self.buffer.fill_(1)
+            import torch
+
+            torch.sum(self.buffer, dim=0, out=self.sink)
 
 
 class _Layout:
@@ -204,6 +228,67 @@ def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_
     return [n for n in sizes if n > 0]
 
 
+class Measurement:
+    """One measurement taken block by block, so several can be interleaved (:func:`interleave`).
+
+    Construction does the untimed first call, the warm-up and the pilot block that sizes the rest;
+    :meth:`step` takes the next block; :meth:`timing` summarises the kept blocks. ``flusher`` may be
+    shared between measurements that run together (one cache-sized buffer, not one each);
+    ``interleaved`` opens each block with an untimed call, as other closures ran in between.
+    """
+
+    def __init__(self, fn: Callable[[], object] | Sequence[Callable[[], object]], settings: TimingSettings,
+                 info: DeviceInfo, flusher: CacheFlusher | None = None, interleaved: bool = False) -> None:
+        self.fns = list(fn) if isinstance(fn, Sequence) else [fn]
+        if not self.fns:
+            raise ValueError("measure() needs at least one closure")
+        self.settings, self.info = settings.for_device(info), info
+        self.first_call_ms = _warm_up(self.fns, self.settings, info)
+        self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
+                                 interleaved)
+        # A pilot block sizes the blocks; it is not kept: on CPU the first repetitions after the layout
+        # first moves were 1.5-15x slower than the rest (first touch of the newly placed outputs).
+        wall = time.perf_counter()
+        self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
+        self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
+        self.blocks: list[list[float]] = []
+
+    @property
+    def done(self) -> bool:
+        return len(self.blocks) == len(self.plan)
+
+    @property
+    def last(self) -> tuple[int, object]:
+        """(closure index, return value) of the last timed call, so the caller can check what was timed."""
+        return self.timer.last
+
+    def step(self) -> None:
+        """Time the next block."""
+        self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
+
+    def timing(self) -> Timing:
+        samples = [t for block in self.blocks for t in block]
+        stats = summarize(samples)
+        return Timing(
+            **stats,
+            reps=len(samples),
+            # every untimed call: warm-up, the pilot block (and the call opening each interleaved block)
+            warmup_reps=max(self.settings.warmup_reps, len(self.fns)) + len(self.pilot)
+            + (len(self.blocks) + 1 if self.timer.interleaved else 0),
+            first_call_ms=self.first_call_ms,
+            timer="device_event" if self.info.gpu_available else "perf_counter",
+            cache_policy=_cache_policy(self.settings, len(self.fns)),
+            stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
+            times_ms=format_blocks(self.blocks),
+        )
+
+
+def _cache_policy(settings: TimingSettings, n_fns: int) -> str:
+    if settings.flush_cache:
+        return "flush" + (f"+rotate:{n_fns}" if n_fns > 1 else "")
+    return f"rotate:{n_fns}" if n_fns > 1 else "none"
+
+
 def measure(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     settings: TimingSettings | None = None,
@@ -219,35 +304,12 @@ def measure(
     can check what was timed.
     """
     info = device or detect()
-    settings = (settings or TimingSettings()).for_device(info)
-    fns = list(fn) if isinstance(fn, Sequence) else [fn]
-    if not fns:
-        raise ValueError("measure() needs at least one closure")
-    first_call_ms = _warm_up(fns, settings, info)
-    timer = _BlockTimer(fns, info, _CacheFlusher(info, settings.flush_cache))
-    # A pilot block sizes the blocks; it is not kept: on CPU the first repetitions after the layout first
-    # moves were 1.5-15x slower than the rest (first touch of the newly placed outputs).
-    wall = time.perf_counter()
-    pilot = timer.block(max(1, math.ceil(settings.min_reps / settings.blocks)))
-    blocks = [timer.block(reps) for reps in _block_plan(settings, pilot, time.perf_counter() - wall)]
+    measurement = Measurement(fn, settings or TimingSettings(), info)
+    while not measurement.done:
+        measurement.step()
     if last is not None:
-        last[:] = [timer.last]
-    samples = [t for block in blocks for t in block]
-    stats = summarize(samples)
-    if settings.flush_cache:
-        cache_policy = "flush" + (f"+rotate:{len(fns)}" if len(fns) > 1 else "")
-    else:
-        cache_policy = f"rotate:{len(fns)}" if len(fns) > 1 else "none"
-    return Timing(
-        **stats,
-        reps=len(samples),
-        warmup_reps=max(settings.warmup_reps, len(fns)) + len(pilot),  # every untimed call, pilot included
-        first_call_ms=first_call_ms,
-        timer="device_event" if info.gpu_available else "perf_counter",
-        cache_policy=cache_policy,
-        stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
-        times_ms=format_blocks(blocks),
-    )
+        last[:] = [measurement.last]
+    return measurement.timing()
 
 
 def _warm_up(fns: Sequence[Callable[[], object]], settings: TimingSettings, info: DeviceInfo) -> float:
@@ -268,8 +330,9 @@ def _warm_up(fns: Sequence[Callable[[], object]], settings: TimingSettings, info
 class _BlockTimer:
     """Times blocks of repetitions, rotating the closures across the whole measurement."""
 
-    def __init__(self, fns: Sequence[Callable[[], object]], info: DeviceInfo, flush: _CacheFlusher) -> None:
-        self.fns, self.info, self.flush = fns, info, flush
+    def __init__(self, fns: Sequence[Callable[[], object]], info: DeviceInfo, flush: CacheFlusher,
+                 interleaved: bool) -> None:
+        self.fns, self.info, self.flush, self.interleaved = fns, info, flush, interleaved
         self.layout = _Layout(info.torch_device)
         self.count = 0
         self.last: tuple[int, object] = (0, None)
@@ -279,6 +342,11 @@ class _BlockTimer:
         # Yield the CPU between blocks: a block then starts on a fresh time slice instead of inheriting
         # the previous block's scheduling.
         time.sleep(0)
+        if self.interleaved:
+            # One untimed call first: on the H100 the first call of a block interleaved after other cases
+            # was 2-10x slower for Triton and torch.compile closures (their launch path gone cold; 80 ms
+            # once for a compiled one), a host stall the device events would have counted.
+            self.fns[self.count % len(self.fns)]()
         times = self._device_events(reps) if self.info.gpu_available else self._host_clock(reps)
         self.count += reps
         return times

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,14 @@ from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
 from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
-from gpulab.timing import TimingSettings, measure, rotation_sets
+from gpulab.timing import BLOCK_SEPARATOR, CacheFlusher, Measurement, TimingSettings, rotation_sets
 
 log = logging.getLogger(__name__)
+
+# Memory the cases of one interleaved group may hold at once (rotated inputs, outputs, input snapshots):
+# on a GPU a fraction of its memory, so a cell of GiB-sized cases is timed a few at a time.
+GPU_INTERLEAVE_FRACTION = 0.125
+CPU_INTERLEAVE_BYTES = 2 * 2**30
 
 BENCH = TableSchema(
     "bench",
@@ -124,38 +131,158 @@ def case_rows_base(case: Case, *, target: str, fingerprint: str, device_name: st
     }
 
 
-def _timed_and_checked(case: Case, ctx: BenchContext, settings: TimingSettings, registry: Registry,
-                       tolerance: float, seed: int) -> dict[str, Any]:
-    """Gate, time the checked closure (rotated with closures over further input sets), check the last timed call."""
+@dataclass
+class _Pending:
+    """A case checked by the gate and being timed: everything needed to check its last timed call."""
+
+    index: int
+    case: Case
+    sets: list[Prepared]
+    saved: list[Any]
+    gate: dict[str, Any]
+    measurement: Measurement | None = None
+
+
+def _gate(case: Case, ctx: BenchContext, settings: TimingSettings, registry: Registry, tolerance: float,
+          seed: int) -> tuple[dict[str, Any], _Pending | None]:
+    """Check the case on fresh inputs; a passing case gets its rotation sets (the checked closure first)."""
     spec = op_spec(case.op)
     impl = registry.get(case.op, case.impl)
     dtype = torch_dtype(case.dtype)
     first = prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device, seed=seed))
     gate, saved = check_case(case, first, tolerance)
-    row: dict[str, Any] = gate.as_row()
+    row: dict[str, Any] = {"tolerance": tolerance, **gate.as_row()}
     if not gate.passed:
-        return {**row, "status": "incorrect", "reason": gate.reason}
-    bytes_per_set = spec.n_inputs * spec.numel(case.shape) * ITEMSIZE[case.dtype]
-    n_sets = rotation_sets(settings, ctx.info, bytes_per_set)
-    sets: list[Prepared] = [first] + [prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device,
-                                                                           seed=seed + 1 + i))
-                                      for i in range(n_sets - 1)]
-    synchronize(case.device)
-    before = gpu_state(ctx.info.backend)
-    last: list[tuple[int, object]] = []
-    timing = measure([p.closure for p in sets], settings, ctx.info, last=last)
-    after = gpu_state(ctx.info.backend)
-    index, result = last[0]
+        return {**row, "status": "incorrect", "reason": gate.reason}, None
+    n_sets = rotation_sets(settings, ctx.info, _set_bytes(case))
+    sets = [first] + [prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device, seed=seed + 1 + i))
+                      for i in range(n_sets - 1)]
+    return row, _Pending(-1, case, sets, saved, row)
+
+
+def _set_bytes(case: Case) -> int:
+    spec = op_spec(case.op)
+    return spec.n_inputs * spec.numel(case.shape) * ITEMSIZE[case.dtype]
+
+
+def _checked_row(pending: _Pending) -> dict[str, Any]:
+    """The timed row, once the last timed call's output and inputs are checked again."""
+    assert pending.measurement is not None
+    index, result = pending.measurement.last
     # The inputs of the last timed call are checked against the first set's snapshot only when that is
     # the set it used; other sets are checked for the output value.
-    again = check_output(case, sets[index], result, saved if index == 0 else snapshot(sets[index].inputs),
-                         tolerance)
-    row.update({"rel_err": max(gate.rel_err, again.rel_err), "element_err_ratio":
-                max(gate.element_ratio, again.element_ratio), "max_abs_err": max(gate.max_abs_err, again.max_abs_err)})
-    row.update(gpu_before=state_text(before), gpu_after=state_text(after), throttled=throttled(before, after))
+    saved = pending.saved if index == 0 else snapshot(pending.sets[index].inputs)
+    gate = pending.gate
+    again = check_output(pending.case, pending.sets[index], result, saved, gate["tolerance"])
+    row = {**gate, "rel_err": max(gate["rel_err"], again.rel_err),
+           "element_err_ratio": max(gate["element_err_ratio"], again.element_ratio),
+           "max_abs_err": max(gate["max_abs_err"], again.max_abs_err)}
     if not again.passed:
         return {**row, "status": "incorrect", "reason": f"the last timed call: {again.reason}"}
-    return {**row, "status": "ok", "reason": "", **timing.as_row()}
+    return {**row, "status": "ok", "reason": "", **pending.measurement.timing().as_row()}
+
+
+def _failure(case: Case, exc: BaseException, tolerance: float) -> dict[str, Any]:
+    status = "oom" if is_oom(exc) else "failed"
+    log.warning("%s %s %s %s: %s", case.op, case.impl, case.label, case.dtype, _short(exc))
+    if status == "failed":
+        log.debug("traceback", exc_info=True)
+    return {"tolerance": tolerance, "status": status, "reason": _short(exc)}
+
+
+def _with_figures(case: Case, row: dict[str, Any], ceiling: Hit) -> dict[str, Any]:
+    """An ok row with its rates and its place against the ceiling; other rows as they are."""
+    if row["status"] != "ok":
+        return row
+    spec = op_spec(case.op)
+    bytes_moved = spec.bytes_moved(case.shape, ITEMSIZE[case.dtype])
+    gbps = bytes_moved / (row["median_ms"] / 1e3) / 1e9
+    blocks = row["times_ms"].count(BLOCK_SEPARATOR) + 1
+    return {
+        **row,
+        "gbps": gbps,
+        "gbps_p90": bytes_moved / (row["p10_ms"] / 1e3) / 1e9,
+        "gbps_p10": bytes_moved / (row["p90_ms"] / 1e3) / 1e9,
+        "gflops": spec.flops(case.shape) / (row["median_ms"] / 1e3) / 1e9,
+        **placement(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
+        "method": f"{row['timer']}, median of {row['reps']} reps in {blocks} blocks taken in turn with the "
+                  f"cell's other cases, cache {row['cache_policy']}",
+    }
+
+
+def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, settings: TimingSettings,
+                registry: Registry, tolerances: Mapping[str, float] | None,
+                span_s: float = 0.0) -> dict[int, dict[str, Any]]:
+    """Gate every case of the group, then time the passing ones together, a block of each in turn over at
+    least ``span_s`` (see run_cell); returns each case's row (without figures) by its index in the cell."""
+    rows: dict[int, dict[str, Any]] = {}
+    pending: list[_Pending] = []
+    flusher = CacheFlusher(ctx.info, settings.for_device(ctx.info).flush_cache)
+    for index, case, seed in cases:
+        tolerance = tolerance_for(case.dtype, tolerances)
+        try:
+            rows[index], checked = _gate(case, ctx, settings, registry, tolerance, seed)
+            if checked is not None:
+                checked.index = index
+                checked.measurement = Measurement([p.closure for p in checked.sets], settings, ctx.info, flusher,
+                                                  interleaved=True)
+                pending.append(checked)
+        except Exception as exc:
+            rows[index] = _failure(case, exc, tolerance)
+    synchronize(ctx.info)
+    before = gpu_state(ctx.info.backend)
+    for item, exc in _interleave(pending, span_s):
+        rows[item.index] = _failure(item.case, exc, item.gate["tolerance"])
+        pending.remove(item)
+    after = gpu_state(ctx.info.backend)
+    state = {"gpu_before": state_text(before), "gpu_after": state_text(after), "throttled": throttled(before, after)}
+    for timed in pending:
+        try:
+            rows[timed.index] = {**_checked_row(timed), **state}
+        except Exception as exc:
+            rows[timed.index] = _failure(timed.case, exc, timed.gate["tolerance"])
+    return rows
+
+
+def _interleave(pending: Sequence[_Pending], span_s: float) -> list[tuple[_Pending, BaseException]]:
+    """Block 1 of every measurement, then block 2, ...; rounds are paced so that they span at least
+    ``span_s``; a measurement that raises leaves the rotation."""
+    failed: list[tuple[_Pending, BaseException]] = []
+    active = list(pending)
+    rounds = max((len(item.measurement.plan) for item in active if item.measurement), default=0)
+    start = time.monotonic()
+    for done in range(1, rounds + 1):
+        for item in list(active):
+            assert item.measurement is not None
+            try:
+                item.measurement.step()
+            except Exception as exc:
+                failed.append((item, exc))
+                active.remove(item)
+                continue
+            if item.measurement.done:
+                active.remove(item)
+        if active:
+            time.sleep(max(0.0, start + span_s * done / rounds - time.monotonic()))
+    return failed
+
+
+def _groups(cases: Sequence[tuple[int, Case, int]], settings: TimingSettings,
+            info: DeviceInfo) -> list[list[tuple[int, Case, int]]]:
+    """Consecutive cases whose rotated inputs, outputs and input snapshots fit the interleaving budget."""
+    budget = GPU_INTERLEAVE_FRACTION * (info.total_memory_bytes or 0) if info.gpu_available else CPU_INTERLEAVE_BYTES
+    groups: list[list[tuple[int, Case, int]]] = []
+    used = math.inf
+    for item in cases:
+        case = item[1]
+        out_bytes = op_spec(case.op).numel(case.shape) * ITEMSIZE[case.dtype]
+        need = (rotation_sets(settings, info, _set_bytes(case)) + 1) * (_set_bytes(case) + out_bytes)
+        if used + need > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
+        used += need
+    return groups
 
 
 def run_case(
@@ -169,31 +296,11 @@ def run_case(
     seed: int = 0,
 ) -> dict[str, Any]:
     """One checked, timed case as a row (without the target/fingerprint columns)."""
-    spec = op_spec(case.op)
-    tolerance = tolerance_for(case.dtype, tolerances)
     try:
-        row = {"tolerance": tolerance, **_timed_and_checked(case, ctx, settings, registry, tolerance, seed)}
-    except Exception as exc:
-        status = "oom" if is_oom(exc) else "failed"
-        log.warning("%s %s %s %s: %s", case.op, case.impl, case.label, case.dtype, _short(exc))
-        if status == "failed":
-            log.debug("traceback", exc_info=True)
-        return {"tolerance": tolerance, "status": status, "reason": _short(exc)}
+        row = _time_group([(0, case, seed)], ctx, settings, registry, tolerances)[0]
     finally:
         _free_memory(case.device)
-    if row["status"] != "ok":
-        return row
-    bytes_moved = spec.bytes_moved(case.shape, ITEMSIZE[case.dtype])
-    gbps = bytes_moved / (row["median_ms"] / 1e3) / 1e9
-    return {
-        **row,
-        "gbps": gbps,
-        "gbps_p90": bytes_moved / (row["p10_ms"] / 1e3) / 1e9,
-        "gbps_p10": bytes_moved / (row["p90_ms"] / 1e3) / 1e9,
-        "gflops": spec.flops(case.shape) / (row["median_ms"] / 1e3) / 1e9,
-        **placement(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
-        "method": f"{row['timer']}, median of {row['reps']} reps, cache {row['cache_policy']}",
-    }
+    return _with_figures(case, row, ceiling)
 
 
 def run_cell(
@@ -213,33 +320,44 @@ def run_cell(
 ) -> list[dict[str, Any]]:
     """All cases of one (op, implementation): one row per shape x dtype.
 
-    ``deadline`` (a ``time.monotonic()`` value) turns the cases not started by then into ``skipped``
-    rows saying so, for runs under a wall-clock budget.
+    The cases are timed together, a block of each in turn (within a memory budget: larger cases form
+    smaller groups), so each case's blocks are spread over the whole group's time. A change of the
+    machine's state that outlasts one measurement (seen on shared CPUs: 30-60% for seconds) then shows
+    as spread between blocks, which the run-vs-run comparison sees, instead of as a shift of a whole
+    measurement that it cannot tell from a real change. ``deadline`` (a ``time.monotonic()`` value)
+    turns the groups not started by then into ``skipped`` rows saying so, for runs under a time budget.
     """
     from tqdm import tqdm
 
-    impl = registry.get(op, impl_name)
-    device = ctx.info.torch_device
-    unavailable = impl.unavailable(ctx)
-    rows: list[dict[str, Any]] = []
-    cases = [Case(op, impl_name, tuple(shape), dtype, device) for shape in shapes for dtype in dtypes]
-    for i, case in enumerate(tqdm(cases, desc=f"{op}/{impl_name}", disable=not progress, mininterval=5)):
-        base = case_rows_base(case, target=ctx.target, fingerprint=fingerprint, device_name=ctx.info.name)
-        if unavailable is not None:
-            rows.append({**base, "status": unavailable.status, "reason": unavailable.reason,
-                         "tolerance": tolerance_for(case.dtype, tolerances)})
-            continue
+    unavailable = registry.get(op, impl_name).unavailable(ctx)
+    cases = [Case(op, impl_name, tuple(shape), dtype, ctx.info.torch_device) for shape in shapes for dtype in dtypes]
+    rows: dict[int, dict[str, Any]] = {}
+    if unavailable is not None:
+        rows = {i: {"status": unavailable.status, "reason": unavailable.reason,
+                    "tolerance": tolerance_for(case.dtype, tolerances)} for i, case in enumerate(cases)}
+    numbered = [(i, case, 1000 * i + 17) for i, case in enumerate(cases) if i not in rows]
+    for group in tqdm(_groups(numbered, settings, ctx.info), desc=f"{op}/{impl_name}", disable=not progress,
+                      mininterval=5):
         if deadline is not None and time.monotonic() > deadline:
-            rows.append({**base, "status": "skipped", "reason": "the run's time budget was spent before this case"})
+            rows.update({i: {"status": "skipped", "reason": "the run's time budget was spent before this case",
+                             "tolerance": tolerance_for(case.dtype, tolerances)} for i, case, _ in group})
             continue
-        tensor_bytes = base["tensor_bytes"]
-        ceiling = ceilings.lookup(op_spec(op).pattern, case.dtype, tensor_bytes) if ceilings is not None else MISS
-        row = run_case(case, ctx, settings, registry=registry, tolerances=tolerances, ceiling=ceiling,
-                       seed=1000 * i + 17)
-        rows.append({**base, **row})
-        log.info("%s %s %s %s: %s %s", op, impl_name, case.label, case.dtype, row["status"],
-                 f"{row['median_ms']:.4g} ms, {row['gbps']:.4g} GB/s" if row["status"] == "ok" else row["reason"])
-    return rows
+        try:
+            rows.update(_time_group(group, ctx, settings, registry, tolerances,
+                                    span_s=float(settings.for_device(ctx.info).min_span_s)))
+        finally:
+            _free_memory(ctx.info.torch_device)
+    return [_cell_row(case, rows[i], ctx, fingerprint, ceilings) for i, case in enumerate(cases)]
+
+
+def _cell_row(case: Case, row: dict[str, Any], ctx: BenchContext, fingerprint: str,
+              ceilings: Ceilings | None) -> dict[str, Any]:
+    base = case_rows_base(case, target=ctx.target, fingerprint=fingerprint, device_name=ctx.info.name)
+    ceiling = ceilings.lookup(op_spec(case.op).pattern, case.dtype, base["tensor_bytes"]) if ceilings else MISS
+    out = {**base, **_with_figures(case, row, ceiling)}
+    log.info("%s %s %s %s: %s %s", case.op, case.impl, case.label, case.dtype, out["status"],
+             f"{out['median_ms']:.4g} ms, {out['gbps']:.4g} GB/s" if out["status"] == "ok" else out["reason"])
+    return out
 
 
 def aggregate(cell_paths: Iterable[str | Path]) -> pd.DataFrame:
