@@ -26,6 +26,7 @@ include: "workflow/rules/bench.smk"
 include: "workflow/rules/mlp.smk"
 include: "workflow/rules/llm.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/tune.smk"
 
 
 # What the step logs hold before this run: on error, only what the run added is summarised.

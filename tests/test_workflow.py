@@ -78,3 +78,15 @@ def test_readme_config_commands_dry_run(tmp_path, config_args):
     proc = run_snakemake(tmp_path, "-n", "--config", *config_args)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "env_capture" in proc.stdout + proc.stderr
+
+
+def test_tuning_sweeps_run_by_name_only(tmp_path):
+    jobs = re.compile(r"^rule (\w+):", re.M)
+    named = run_snakemake(tmp_path, "-n", "tune_triton", "tune_fast")
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert {"tune_triton", "tune_triton_op", "tune_triton_table", "tune_fast", "tune_fast_run"} <= set(
+        jobs.findall(named.stdout))
+    default = run_snakemake(tmp_path, "-n")
+    assert default.returncode == 0, default.stderr[-2000:]
+    assert "report_render" in jobs.findall(default.stdout)
+    assert not [job for job in jobs.findall(default.stdout) if job.startswith("tune")]

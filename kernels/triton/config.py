@@ -127,6 +127,20 @@ def launch_elementwise(kernel: Any, args: tuple, n_elements: int, block_size: in
         kernel[grid](*args, n_elements, OFFSETS_64=wide)
 
 
+def elementwise_label(block_size: int, num_warps: int) -> str:
+    return f"BLOCK_SIZE={block_size} num_warps={num_warps}"
+
+
+def launched_shape(kernel: Any) -> tuple[int, int]:
+    """(BLOCK_SIZE, num_warps) of the last unpinned launch of an autotuned elementwise kernel: the autotuner's
+    pick for that size and dtype (``best_config``, which every launch through the autotuner sets), or the
+    default the interpreter runs."""
+    if interpreted():
+        return ELEMENTWISE_DEFAULT
+    config = kernel.best_config
+    return int(config.kwargs["BLOCK_SIZE"]), int(config.num_warps)
+
+
 @dataclass(frozen=True)
 class SoftmaxConfig:
     program_elems: int  # elements a program holds when several short rows share one program

@@ -75,6 +75,47 @@ class SoftmaxLaunch:
     block_n: int
     num_warps: int
 
+    @property
+    def label(self) -> str:
+        if self.looped:
+            return f"looped BLOCK_N={self.block_n} num_warps={self.num_warps}"
+        return f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} num_warps={self.num_warps}"
+
+    def overrides(self) -> dict[str, int | None]:
+        """The keyword arguments of :func:`softmax` that make exactly this launch."""
+        return {"rows_per_program": self.block_m, "num_warps": self.num_warps,
+                "looped_block": self.block_n if self.looped else None}
+
+
+# The tuning sweep's space (gpulab.bench.tune): rows per program from a quarter to four times launch_choice's,
+# threads per program as the sweeps that set SOFTMAX measured them, and the looped kernel's blocks for rows at
+# least LOOPED_MIN_COLS wide (at 4096x16384 the fused and looped kernels were within a few percent).
+TUNE_ROWS_FACTORS = (0.25, 0.5, 1, 2, 4)
+TUNE_THREADS = (128, 256, 512, 1024)
+TUNE_LOOPED_BLOCKS = (2048, 4096, 8192)
+TUNE_LOOPED_THREADS = (256, 512, 1024)
+LOOPED_MIN_COLS = 4096
+
+
+def launch_candidates(n_rows: int, n_cols: int, itemsize: int, target: Target) -> list[SoftmaxLaunch]:
+    """Every launch the tuning sweep times for one input, launch_choice's among them. A fused program holds at
+    most ``max_fused_cols`` elements (the register budget the family's table gives one wide row) and at least
+    one per thread."""
+    config, pick = softmax_config(target), launch_choice(n_rows, n_cols, itemsize, target)
+    block_n = triton.next_power_of_2(n_cols)
+    out = [pick]
+    if block_n <= config.max_fused_cols:
+        base = pick.block_m if not pick.looped else 1
+        for m in sorted({max(1, int(base * f)) for f in TUNE_ROWS_FACTORS}):
+            m = min(triton.next_power_of_2(m), triton.next_power_of_2(n_rows))
+            for threads in TUNE_THREADS:
+                if m * block_n <= config.max_fused_cols and threads <= m * block_n:
+                    out.append(SoftmaxLaunch(False, m, block_n, max(1, threads // target.warp_size)))
+    if block_n >= LOOPED_MIN_COLS:
+        for block in (b for b in TUNE_LOOPED_BLOCKS if b <= block_n):
+            out += [SoftmaxLaunch(True, 1, block, max(1, t // target.warp_size)) for t in TUNE_LOOPED_THREADS]
+    return list(dict.fromkeys(out))
+
 
 def launch_choice(
     n_rows: int,

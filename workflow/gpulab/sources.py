@@ -46,6 +46,7 @@ DATA_SOURCES = {
                           "workflow/gpulab/llm/configs/qwen2.5_chat_template.jinja"),
     "llm_infer.py": ("workflow/gpulab/llm/configs/**/*",),
     "llm_model_fetch.py": ("workflow/gpulab/llm/configs/**/*",),
+    "tune_fast_run.py": ("workflow/gpulab/llm/configs/**/*",),
     # Sections are discovered at run time, not imported by name; the templates are read by jinja.
     "report_render.py": ("workflow/gpulab/report/**/*.py", "workflow/gpulab/report/templates/*"),
 }

@@ -123,7 +123,7 @@ class Job:
     ceiling: Ceiling
 
 
-def _prompts(loaded: LoadedModel, job: Job) -> dict[str, torch.Tensor]:
+def prompts_of(loaded: LoadedModel, job: Job) -> dict[str, torch.Tensor]:
     """The study's chat prompt and the seeded random ids of pp and teacher forcing (as llama-bench uses)."""
     tokenizer, device = loaded.tokenizer, job.info.torch_device
     chat = tokenizer.apply_chat_template(list(MESSAGES), tokenize=False, add_generation_prompt=True)
@@ -161,7 +161,7 @@ def _check(engine: Any, loaded: LoadedModel, job: Job, prompts: dict[str, Any], 
 
 def run_engine(name: str, loaded: LoadedModel, job: Job) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """All rows of one engine (the check first, then the figures), and the texts for its JSON file."""
-    prompts = _prompts(loaded, job)
+    prompts = prompts_of(loaded, job)
     engine = _make_engine(name, loaded, job, prompts)
     texts: dict[str, Any] = {}
     memory = PeakMemory(job.info.gpu_available)
@@ -214,7 +214,7 @@ def _estimated_weight_bytes(resolved: ResolvedModel, dtype: str) -> int:
     return sum(p.numel() for p in model.parameters()) * ITEMSIZE[dtype]
 
 
-def _load(job: Job) -> tuple[LoadedModel | None, tuple[str, str] | None]:
+def load(job: Job) -> tuple[LoadedModel | None, tuple[str, str] | None]:
     """The model, or why there is none (a status and a reason)."""
     dtype = str(job.cfg["dtype"])
     try:
@@ -259,7 +259,7 @@ def run_llm(resolved: ResolvedModel, engine: str, cfg: Mapping[str, Any], *, tar
     job = Job(resolved, cfg, Sizes.resolve(cfg, info.gpu_available), info, base, ceiling)
     problem = None
     if loaded is None:
-        loaded, problem = _load(job)
+        loaded, problem = load(job)
     texts: dict[str, Any] = {"problem": problem[1]} if problem else {}
     if problem:
         rows = _outcome_rows(job, engine, *problem)

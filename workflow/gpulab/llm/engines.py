@@ -77,12 +77,13 @@ class FastEngine:
     front for greedy decoding and for the study's sampling."""
 
     def __init__(self, name: str, loaded: LoadedModel, max_len: int, cfg: dict[str, Any], study: Sampling,
-                 eos_ids: list[int]) -> None:
+                 eos_ids: list[int], settings: GraphSettings | None = None) -> None:
         from gpulab.llm.exact import ExactDecoder
         from gpulab.llm.fast import FastDecoder
 
         gpu = loaded.model.lm_head.weight.device.type == "cuda"
-        self.name, self.settings = name, GraphSettings.resolve(cfg, gpu)
+        # ``settings``: a tuning variant's (gpulab.llm.tune); by default the config's.
+        self.name, self.settings = name, settings or GraphSettings.resolve(cfg, gpu)
         if name == "fast_exact":
             self.decoder: Any = ExactDecoder(loaded.model, max_len, eos_ids, self.settings, str(cfg["fast_streams"]))
         else:

@@ -174,8 +174,8 @@ class FastDecoder(Decoder):
         self.state = State.empty(max_len, self.weights.dims.vocab, eos_ids, self.device)
         self.max_len = max_len
         self.host_pos = 0
-        self.step_fn = torch.compile(decode_one_token, fullgraph=True, dynamic=False) if settings.compile \
-            else decode_one_token
+        self.step_fn = torch.compile(decode_one_token, fullgraph=True, dynamic=False, **settings.compile_kwargs()) \
+            if settings.compile else decode_one_token
         self.graphs = Graphs(settings, self.device, lambda s: [lambda: self._step_eager(s)], lambda i: None,
                              self._snapshot, self._restore, self._fallback, "one device graph per step")
         self.logits = torch.zeros(1, self.weights.dims.vocab, device=self.device)

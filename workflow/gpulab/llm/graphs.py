@@ -26,6 +26,16 @@ WARM_STEPS = 2
 class GraphSettings:
     compile: bool
     graphs: bool
+    # torch.compile's mode and Inductor options of engine fast's decode step (the tuning sweep's variants,
+    # gpulab.llm.tune; the workflow's engines use the defaults).
+    compile_mode: str | None = None
+    inductor_options: tuple[tuple[str, Any], ...] = ()
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """torch.compile's ``mode`` and ``options`` (it refuses both at once; a variant sets one)."""
+        if self.compile_mode:
+            return {"mode": self.compile_mode}
+        return {"options": dict(self.inductor_options)} if self.inductor_options else {}
 
     @classmethod
     def resolve(cls, cfg: dict[str, Any], gpu: bool) -> GraphSettings:

@@ -1,0 +1,96 @@
+# Opt-in tuning sweeps (README, "Tuning sweeps (opt-in)"): run by name, `snakemake --cores 1 tune_triton` or
+# `tune_fast`. Nothing registers their outputs, so neither `all` nor the report waits for them.
+
+
+localrules:
+    tune_triton,
+    tune_fast,
+    tune_triton_table,
+
+
+rule tune_triton:
+    input:
+        expand(result("tune/triton.csv"), target=TARGETS),
+
+
+rule tune_fast:
+    input:
+        expand(result("tune/fast.csv"), target=TARGETS),
+
+
+# One job per op: each fits a device call of its own, and an edit of one kernel's config reruns all three
+# (every op's candidates come from kernels/triton/config.py).
+rule tune_triton_op:
+    input:
+        src=sources("tune_triton_op.py"),
+        env=result("env/env.json"),
+        ceilings=result("bench/ceilings.csv"),
+    output:
+        result("tune/triton/{op}.csv"),
+    log:
+        log_of("tune_triton_op_{op}"),
+    benchmark:
+        benchmark_of("tune_triton_op_{op}")
+    conda:
+        CONDA_ENV
+    threads: DEVICE_THREADS
+    resources:
+        **gpu_resources,
+    params:
+        # The bench cells' sizes and dtypes of this op, as bench_cell gets them.
+        sizes=lambda w: (
+            BENCH_SIZES if BENCH_SIZES == "auto" else BENCH_SIZES.get(w.op, "auto")
+        ),
+        bench={
+            k: config["bench"][k] for k in ("dtypes", "max_tensor_mib", "tolerances")
+        },
+        timing=config["timing"],
+        strict=config["strict"],
+    script:
+        "../scripts/tune_triton_op.py"
+
+
+rule tune_triton_table:
+    input:
+        src=sources("tune_triton_table.py"),
+        ops=lambda w: expand(
+            result("tune/triton/{op}.csv"), target=w.target, op=BENCH_OPS
+        ),
+    output:
+        result("tune/triton.csv"),
+    log:
+        log_of("tune_triton_table"),
+    benchmark:
+        benchmark_of("tune_triton_table")
+    conda:
+        CONDA_ENV
+    script:
+        "../scripts/tune_triton_table.py"
+
+
+rule tune_fast_run:
+    input:
+        src=sources("tune_fast_run.py"),
+        models=lambda w: expand(
+            result("llm/models/{model}.json"),
+            target=w.target,
+            model=sorted(LLM_MODELS),
+        ),
+        env=result("env/env.json"),
+        ceilings=result("bench/ceilings.csv"),
+    output:
+        result("tune/fast.csv"),
+    log:
+        log_of("tune_fast_run"),
+    benchmark:
+        benchmark_of("tune_fast_run")
+    conda:
+        CONDA_ENV
+    threads: DEVICE_THREADS
+    resources:
+        **gpu_resources,
+    params:
+        llm=LLM_MEASURE,
+        strict=config["strict"],
+    script:
+        "../scripts/tune_fast_run.py"

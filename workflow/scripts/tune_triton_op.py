@@ -1,0 +1,20 @@
+"""Snakemake script of rule tune_triton_op: every Triton launch candidate of one op (gpulab.bench.tune)."""
+
+from gpulab.step import Step, run
+
+
+def main(step: Step) -> None:
+    from gpulab.bench.tune import tune_triton_job
+
+    table = tune_triton_job(
+        step.wildcards.op, bench_config={**step.params.bench, "sizes": step.params.sizes},
+        timing_config=step.params.timing, target=step.target, fingerprint=step.fingerprint,
+        ceilings_path=step.input.ceilings, out_path=step.output[0],
+    )
+    step.show(table, ["size", "dtype", "config", "picked", "fastest", "status", "median_ms", "gbps", "pct_of_ceiling",
+                      "reason"])
+    # Without a GPU every row is skipped by design: strict judges the candidates that could run.
+    step.strict(table[table["status"] != "skipped"], f"tune_triton {step.wildcards.op}")
+
+
+run(snakemake, main)
