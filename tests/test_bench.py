@@ -4,6 +4,7 @@ per-pattern ceilings and their invariant, size scaling, outcomes, aggregation an
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -522,7 +523,7 @@ def test_a_cell_takes_its_cases_blocks_in_turn_over_the_minimum_span():
     assert time.monotonic() - start >= 0.5
     assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["times_ms"].count("|") == 7 for r in rows)
     timed = order[order.index(96, order.index(96) + 1):]  # after the second case's gate and warm-up
-    switches = sum(a != b for a, b in zip(timed, timed[1:], strict=False))
+    switches = sum(a != b for a, b in itertools.pairwise(timed))
     assert switches >= 14  # 8 blocks each, alternating: at least 2 x 8 - 2 changes of case
     rows = run_cell("gelu", "dies_while_timed", shapes=[(64,), (96,)], dtypes=["fp32"], settings=settings,
                     ctx=ctx(), fingerprint="fp", registry=registry, progress=False)
