@@ -530,6 +530,23 @@ def test_a_cell_takes_its_cases_blocks_in_turn_over_the_minimum_span():
     assert [r["status"] for r in rows] == ["failed", "ok"] and rows[0]["reason"] == "RuntimeError: device lost"
 
 
+def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_limit_fails_loudly(monkeypatch):
+    import gpulab.bench.impls as impls
+
+    ok = run_cell("gelu", "torch_compile", shapes=[(64,), (96,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
+                  fingerprint="fp", progress=False)
+    assert [r["status"] for r in ok] == ["ok", "ok"]
+    # Past dynamo's recompile limit the second case must fail, naming it, not run eager PyTorch unseen.
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    monkeypatch.setattr(impls, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(impls, "_compiled", {})
+    rows = run_cell("gelu", "torch_compile", shapes=[(64,), (96,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
+                    fingerprint="fp", progress=False)
+    assert rows[0]["status"] == "ok" and rows[1]["status"] == "failed", rows[1]["reason"]
+    assert "limit" in rows[1]["reason"].lower()
+
+
 def test_a_spent_time_budget_skips_the_remaining_cases():
     rows = run_cell("add", "native", shapes=[(8,), (16,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
                     fingerprint="fp", deadline=0.0, progress=False)

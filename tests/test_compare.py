@@ -104,6 +104,7 @@ def test_rows_with_only_tokens_per_second_compare_on_per_token_time():
     assert row["change_pct"] == pytest.approx(100.0) and row["verdict"] == NO_VERDICT
 
 
+SPAN_S = float(__import__('os').environ.get('AA_SPAN', '3'))
 MATRIX = (("gelu", [(1 << 14,), (1 << 17,)]), ("add", [(1 << 14,), (1 << 17,)]), ("softmax", [(64, 256), (256, 512)]))
 
 
@@ -116,7 +117,7 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
     meet the same machine, and one torch thread keeps the cores from being oversubscribed.
     """
     settings = TimingSettings(min_time_s=0.05, min_reps=30, max_reps=200, max_wall_s=1.0, warmup_reps=3,
-                              flush_cache=False)
+                              flush_cache=False, min_span_s=SPAN_S)
     ctx = BenchContext(CPU, "local")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
