@@ -16,3 +16,24 @@ def prepare(workflow_basedir: str | Path, argv: Sequence[str]) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, current) if p)
     # The report names the exact command; kept out of params so it never triggers reruns.
     os.environ.setdefault("GPULAB_COMMAND", shlex.join(["snakemake", *argv[1:]]))
+
+
+# Set by the Snakefile when a local run executes one job at a time (--cores 1).
+SERIAL_RUN_VAR = "GPULAB_SERIAL_RUN"
+
+
+def mark_serial_run(serial: bool) -> None:
+    """Tell the jobs whether nothing runs beside them (read by :func:`compile_workers`)."""
+    if serial:
+        os.environ[SERIAL_RUN_VAR] = "1"
+    else:
+        os.environ.pop(SERIAL_RUN_VAR, None)
+
+
+def compile_workers(threads: int = 1) -> int:
+    """Processes a CPU compile job (no measurement) may run at once: every core this process may use when
+    the run is serial, since no other job shares the machine then (as a measurement on a machine without a
+    GPU takes every core); else the ``threads`` Snakemake granted, so side-by-side jobs do not oversubscribe."""
+    if os.environ.get(SERIAL_RUN_VAR) == "1":
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, threads)

@@ -5,7 +5,7 @@ from pathlib import Path
 from gpulab.cluster import device_job_resources
 from gpulab.config import run_targets
 from gpulab.device import gpu_driver_present
-from gpulab.jobenv import prepare
+from gpulab.jobenv import mark_serial_run, prepare
 from gpulab.sources import kernel_sources, step_sources
 
 prepare(workflow.basedir, sys.argv)
@@ -82,6 +82,9 @@ if LOCAL_RUN and "gpu" not in workflow.global_resources:
 # `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes
 # every core, so nothing runs beside it (CPU-only jobs still run beside each other).
 DEVICE_THREADS = workflow.cores if LOCAL_RUN and not gpu_driver_present() else 1
+# A local run with --cores 1 runs one job at a time: a CPU compile job (kernels_compile) may then run its
+# compiles on every core (gpulab.jobenv.compile_workers); otherwise it keeps to the threads it was granted.
+mark_serial_run(LOCAL_RUN and workflow.cores == 1)
 
 
 # Jobs that run on the submitting host, never on a compute node. Each rule file lists its own CPU-only

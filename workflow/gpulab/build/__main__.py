@@ -1,7 +1,8 @@
 """Fresh-process helpers of the extension step (``python -m gpulab.build``), each printing one JSON line.
 
 ``load --manifest M``: load the library the manifest names (the step's warm load);
-``case --manifest M --case NAME --device D``: one bad-input call (a crash kills only this process).
+``case --manifest M --case NAME [--case NAME ...] --device D``: bad-input calls in order, one JSON line
+each, printed as each ends (a crash kills only this process; the caller sees which case did it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpulab.build", description=__doc__)
     parser.add_argument("command", choices=("load", "case"))
     parser.add_argument("--manifest", type=Path, required=True)
-    parser.add_argument("--case", help="bad-input case name (gpulab.build.checks.BAD_CASES)")
+    parser.add_argument("--case", action="append", default=[],
+                        help="bad-input case name (gpulab.build.checks.BAD_CASES); repeatable")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (imported first: its import time is not the extension's load time)
@@ -29,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(loaded.as_dict(), default=str))
         return 0 if loaded.status != "failed" else 1
     loaded.raise_for_status()
-    print(json.dumps(call_case(args.case, args.device)))
+    for name in args.case:
+        print(json.dumps({"case": name, **call_case(name, args.device)}), flush=True)
     return 0
 
 

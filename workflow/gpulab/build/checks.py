@@ -1,5 +1,5 @@
 """The extension step's checks table: every operator against a float64 reference, and every operator
-given bad input, each bad call in its own process so that a crash is a recorded ``failed`` row.
+given bad input, the bad calls in a process of their own so that a crash is a recorded ``failed`` row.
 
 Correctness: fresh random inputs per case, odd sizes and sub-vector tails, views that are not 16-byte
 aligned, all three dtypes; outputs are poisoned with NaN first. Bad input: each case must raise a
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,17 +248,33 @@ def judge(case: BadCase, got: dict[str, Any]) -> tuple[str, str]:
     return ("ok", "") if not missing else ("failed", f"the message does not name {', '.join(map(repr, missing))}")
 
 
-def _case_in_subprocess(manifest: Path, name: str, device: str, timeout_s: float) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "gpulab.build", "case", "--manifest", str(manifest), "--case", name,
-            "--device", device]
-    result = run_tool("python:gpulab.build case", argv, timeout_s=timeout_s)
-    if result.status == "ok":
-        return json.loads(result.stdout.strip().splitlines()[-1])
+def _cases_in_subprocess(manifest: Path, names: Sequence[str], device: str,
+                         timeout_s: float) -> dict[str, dict[str, Any]]:
+    """What each case did, the cases run in order in one fresh process that prints one JSON line per case
+    (one torch import, not one per case). A crash or time-out is charged to the first case without a line;
+    the cases after it go on in a new process, so one bad case never hides the others' outcomes."""
+    results: dict[str, dict[str, Any]] = {}
+    todo = list(names)
+    while todo:
+        argv = [sys.executable, "-m", "gpulab.build", "case", "--manifest", str(manifest), "--device", device,
+                *(arg for name in todo for arg in ("--case", name))]
+        result = run_tool("python:gpulab.build case", argv, timeout_s=timeout_s * len(todo))
+        for line in result.stdout.splitlines():
+            if line.startswith("{"):
+                got = json.loads(line)
+                results[got.pop("case")] = got
+        todo = [n for n in todo if n not in results]
+        if todo:  # the process ended before its next case reported: that case brought it down
+            results[todo.pop(0)] = {"crashed": _crash_reason(result)}
+    return results
+
+
+def _crash_reason(result: Any) -> str:
     code = result.exit_status
     how = (f"the process was killed by signal {-code} ({_signal_name(-code)})" if code is not None and code < 0
-           else result.reason)
+           else result.reason or "the process exited before reporting this case")
     tail = (result.stderr.strip().splitlines() or [""])[-1][:300]
-    return {"crashed": f"{how}{': ' + tail if tail else ''}"}
+    return f"{how}{': ' + tail if tail else ''}"
 
 
 def _signal_name(number: int) -> str:
@@ -272,14 +286,13 @@ def _signal_name(number: int) -> str:
         return "unknown signal"
 
 
-def _bad_input_row(case: BadCase, manifest: Path, info: DeviceInfo, timeout_s: float) -> dict[str, Any]:
+def _bad_input_row(case: BadCase, got: dict[str, Any] | None, info: DeviceInfo) -> dict[str, Any]:
     dev = info.torch_device
     base = {"kind": "bad_input", "case": case.name, "op": case.op, "dtype": case.dtype, "layout": case.layout,
             "device": dev, "expected": case.expected}
-    if case.needs_gpu and not info.gpu_available:
+    if got is None:  # not run: it needs a GPU
         why = info.reason or "no GPU"
         return {**base, "status": "skipped", "reason": f"needs a GPU and a CPU tensor to mix: {why}"}
-    got = _case_in_subprocess(manifest, case.name, dev, timeout_s)
     if "crashed" in got:
         return {**base, "status": "failed", "reason": got["crashed"], "message": got["crashed"]}
     status, reason = judge(case, got)
@@ -288,9 +301,10 @@ def _bad_input_row(case: BadCase, manifest: Path, info: DeviceInfo, timeout_s: f
 
 def check_bad_inputs(target: str, fingerprint: str, manifest: Path, device: DeviceInfo | None = None,
                      cases: Sequence[BadCase] = BAD_CASES, timeout_s: float = 300) -> list[dict[str, Any]]:
-    """Rows of the bad-input cases, each run in a fresh process that loads the manifest's library (a few
-    at a time: each process spends seconds importing torch)."""
+    """Rows of the bad-input cases, run in a fresh process that loads the manifest's library (a crash
+    there is a ``failed`` row, see :func:`_cases_in_subprocess`); ``timeout_s`` per case."""
     info = device or detect()
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
-        rows = list(pool.map(lambda c: _bad_input_row(c, manifest, info, timeout_s), cases))
-    return [{"target": target, "fingerprint": fingerprint, **r} for r in rows]
+    runnable = [c.name for c in cases if info.gpu_available or not c.needs_gpu]
+    got = _cases_in_subprocess(manifest, runnable, info.torch_device, timeout_s) if runnable else {}
+    return [{"target": target, "fingerprint": fingerprint, **_bad_input_row(c, got.get(c.name), info)}
+            for c in cases]

@@ -43,7 +43,8 @@ KERNEL_RESOURCES = TableSchema(
         Column("occupancy", "float", "warps_per_unit / max_warps_per_unit"),
         Column("occupancy_limiter", "str", "registers | shared memory | warps | blocks"),
         Column("code_bytes", "int", "machine code size of the kernel, bytes"),
-        Column("compile_s", "float", "wall seconds of the cold compile (hipcc: the whole translation unit)"),
+        Column("compile_s", "float", "wall seconds of the cold compile (hipcc: the whole translation unit); "
+               "a job runs one compile per core it may use, side by side"),
         Column("cached", "bool", "the outcome was reused from .cache/kernel_compile (same source, compiler, target)"),
     ),
 )

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import pandas as pd
 
 from gpulab.kernel_compile import KERNEL_RESOURCES
 from gpulab.kernel_compile.archs import Arch, arch, occupancy
+from gpulab.parallel import run_all
 from gpulab.paths import REPO_ROOT
 
 
@@ -32,45 +36,52 @@ def vector_elements(sizes: Any) -> tuple[int, ...]:
     return tuple(sorted(counts))
 
 
-def triton_rows(a: Arch, dtypes: tuple[str, ...], sizes: Any, cache_dir: Path) -> list[dict[str, Any]]:
+Task = Callable[[], list[dict[str, Any]]]  # one compile: its table rows
+
+
+def triton_tasks(a: Arch, dtypes: tuple[str, ...], sizes: Any, cache_dir: Path, stack: ExitStack) -> list[Task]:
+    """One task per Triton launch, to run inside ``stack`` (a throw-away Triton cache, see private_triton_cache)."""
     if importlib.util.find_spec("triton") is None:
-        return [{"status": "skipped", "reason": "Triton is not installed", "compiler": "triton"}]
-    from gpulab.kernel_compile.triton_aot import (
-        cached_path,
-        compile_cached,
-        compile_launch,
-        compiler_name,
-        private_triton_cache,
-    )
+        return [lambda: [{"status": "skipped", "reason": "Triton is not installed", "compiler": "triton"}]]
+    from gpulab.kernel_compile.triton_aot import cached_path, compile_launch, compiler_name, private_triton_cache
     from gpulab.kernels.triton.launches import launches
 
     todo = launches(a.target, dtypes, vector_elements(sizes))
     compiler = compiler_name(a)
+    stack.enter_context(private_triton_cache())
+    if not all(cached_path(launch, a, cache_dir).is_file() for launch in todo):
+        # The first compile of a process loads the backend: not timed, and done before the workers fork, so
+        # each of them starts with the backend loaded.
+        compile_launch(todo[0], a)
+    return [partial(_triton_row, launch, a, cache_dir, compiler) for launch in todo]
+
+
+def _triton_row(launch: Any, a: Arch, cache_dir: Path, compiler: str) -> list[dict[str, Any]]:
+    from gpulab.kernel_compile.triton_aot import compile_cached
+
+    return [{
+        "compiler": compiler,
+        "source": str(Path(launch.kernel.fn.__code__.co_filename).resolve().relative_to(REPO_ROOT)),
+        "op": launch.op, "kernel": launch.kernel.__name__, "variant": launch.variant,
+        "dtype": launch.dtype, "num_warps": launch.num_warps, **compile_cached(launch, a, cache_dir),
+    }]
+
+
+def hip_tasks(a: Arch, cache_dir: Path) -> list[Task]:
+    from gpulab.kernel_compile.hipcc import hip_sources
+
+    return [partial(_hip_rows, source, a, cache_dir) for source in hip_sources()]
+
+
+def _hip_rows(source: Path, a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
+    from gpulab.kernel_compile.hipcc import compile_source
+
     rows = []
-    with private_triton_cache():
-        if not all(cached_path(launch, a, cache_dir).is_file() for launch in todo):
-            compile_launch(todo[0], a)  # the first compile of a process loads the backend: not timed
-        for launch in todo:
-            outcome = compile_cached(launch, a, cache_dir)
-            rows.append({
-                "compiler": compiler,
-                "source": str(Path(launch.kernel.fn.__code__.co_filename).resolve().relative_to(REPO_ROOT)),
-                "op": launch.op, "kernel": launch.kernel.__name__, "variant": launch.variant,
-                "dtype": launch.dtype, "num_warps": launch.num_warps, **outcome,
-            })
-    return rows
-
-
-def hip_rows(a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
-    from gpulab.kernel_compile.hipcc import compile_source, hip_sources
-
-    rows = []
-    for source in hip_sources():
-        for row in compile_source(source, a, cache_dir):
-            threads = row.pop("threads", None)
-            if threads:
-                row["num_warps"] = -(-threads // a.warp_size)
-            rows.append(row)
+    for row in compile_source(source, a, cache_dir):
+        threads = row.pop("threads", None)
+        if threads:
+            row["num_warps"] = -(-threads // a.warp_size)
+        rows.append(row)
     return rows
 
 
@@ -93,15 +104,20 @@ def compile_arch(
     fingerprint: str,
     sizes: Any = "auto",
     cache_dir: Path | None = None,
+    workers: int = 1,
 ) -> pd.DataFrame:
     """The table of one architecture: every Triton launch (for the benchmark's ``bench.sizes``), and on AMD
-    every HIP source."""
+    every HIP source; ``workers`` compiles at a time (gpulab.jobenv.compile_workers), each in its own process."""
     a = arch(name)
     cache_dir = cache_dir or default_cache_dir()
     start = time.perf_counter()
-    rows = triton_rows(a, tuple(dtypes), sizes, cache_dir)
-    if a.backend == "hip":
-        rows += hip_rows(a, cache_dir)
+    with ExitStack() as stack:
+        # The HIP translation units (seconds each) start first, so the short Triton compiles fill in beside them.
+        hip = hip_tasks(a, cache_dir) if a.backend == "hip" else []
+        tasks = hip + triton_tasks(a, tuple(dtypes), sizes, cache_dir, stack)
+        results = run_all(tasks, workers)
+        # Rows in the table's usual order: Triton launches, then HIP kernels.
+        rows = [row for task_rows in results[len(hip):] + results[:len(hip)] for row in task_rows]
     rows = [{"target": target, "fingerprint": fingerprint, **with_arch_figures(r, a)} for r in rows]
-    print(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f} s")
+    print(f"{name}: {len(rows)} rows in {time.perf_counter() - start:.1f} s, {workers} compile(s) at a time")
     return KERNEL_RESOURCES.frame(rows)
