@@ -230,7 +230,8 @@ def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_
 
 
 class Measurement:
-    """One measurement taken block by block, so several can be interleaved (:func:`interleave`).
+    """One measurement taken block by block, so several can be interleaved (the bench runner takes a cell's
+    cases in turn).
 
     Construction does the untimed first call, the warm-up and the pilot block that sizes the rest;
     :meth:`step` takes the next block; :meth:`timing` summarises the kept blocks. ``flusher`` may be
