@@ -5,6 +5,7 @@ most 5% of its cells."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -104,6 +105,20 @@ def test_rows_with_only_tokens_per_second_compare_on_per_token_time():
     assert row["change_pct"] == pytest.approx(100.0) and row["verdict"] == NO_VERDICT
 
 
+# The A/A test's hypothesis: a false-flag rate of at most 5%, rejected at 3%.
+A_A_RATE, A_A_ALPHA = 0.05, 0.03
+
+
+def _binomial_bound(n: int, rate: float, alpha: float) -> int:
+    """The fewest flags k such that more than k of n flagged has probability at most alpha at this rate."""
+    tail = 1.0
+    for k in range(n + 1):
+        tail -= math.comb(n, k) * rate**k * (1 - rate) ** (n - k)
+        if tail <= alpha:
+            return k
+    return n
+
+
 MATRIX = (("gelu", [(1 << 14,), (1 << 17,)]), ("add", [(1 << 14,), (1 << 17,)]), ("softmax", [(64, 256), (256, 512)]))
 
 
@@ -141,15 +156,21 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
 
 # On the shared 2-core machine, idle: measured case by case, A/A pairs flagged 5-12 of 24 cells (whole
 # measurements shift 30-60% against the next); with a cell's cases timed in turn over 3 s, 3 and 8 of 24;
-# over 10 s (the CPU default), 1 of 24.
+# over 10 s (the CPU default), 1, 0-1, 0-1 and 2 of 24 in four runs.
 def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
+    """The flagged count must be consistent with a false-flag rate of at most 5%: one-sided binomial test at
+    3% (more than 3 of 24 flagged has probability 0.03 at a 5% rate). A per-run bound of 1 of 24 would fail a
+    method whose rate is exactly 5% a third of the time; 5 of 24, the best the case-by-case timing did, fails."""
+
     first, second = tmp_path / "a", tmp_path / "b"
     _runs(first, second)
     deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
     judged = deltas[deltas["verdict"].isin([SLOWER, FASTER, WITHIN])]
     assert len(judged) == 24, deltas["verdict"].value_counts()
     flagged = deltas[deltas["verdict"].isin([SLOWER, FASTER, STATUS_CHANGED])]
-    assert len(flagged) <= 0.05 * len(deltas), flagged[["artifact", "impl", "size", "dtype", "change_pct"]]
+    allowed = _binomial_bound(len(deltas), A_A_RATE, A_A_ALPHA)
+    assert allowed == 3 and len(deltas) == 24
+    assert len(flagged) <= allowed, flagged[["artifact", "impl", "size", "dtype", "change_pct"]]
 
 
 # With blocks spread over 10 s, the intervals hold the 30-60% state shifts of the shared CI machine: 1.3x the
