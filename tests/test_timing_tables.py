@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from gpulab.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
 from gpulab.tables import Column, SchemaError, StrictModeError, TableSchema, enforce_strict, write_atomic
-from gpulab.timing import TIMING_COLUMNS, TimingSettings, is_stable, measure, parse_times, summarize
+from gpulab.timing import TIMING_COLUMNS, Measurement, TimingSettings, is_stable, measure, parse_times, summarize
 
 ENV_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "env"
 
@@ -144,10 +144,15 @@ def test_measure_flags_a_stalled_repetition_and_keeps_every_time():
 
 
 def test_measure_hands_back_the_output_of_the_last_timed_call():
+    from gpulab.device import detect as measure_device
+
     outputs = iter(range(1000))
-    last = []
-    timing = measure(lambda: next(outputs), TimingSettings(min_time_s=0.001, min_reps=5, max_reps=5, warmup_reps=2,
-                                                            flush_cache=False), last=last)
+    settings = TimingSettings(min_time_s=0.001, min_reps=5, max_reps=5, warmup_reps=2, flush_cache=False)
+    measurement = Measurement(lambda: next(outputs), settings, measure_device())
+    while not measurement.done:
+        measurement.step()
+    timing = measurement.timing()
+    last = [measurement.last]
     assert last == [(0, timing.warmup_reps + timing.reps - 1)]  # the untimed calls, then the timed ones
 
 

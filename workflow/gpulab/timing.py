@@ -295,22 +295,18 @@ def measure(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     settings: TimingSettings | None = None,
     device: DeviceInfo | None = None,
-    last: list[tuple[int, object]] | None = None,
 ) -> Timing:
     """Time a zero-argument closure (or rotate over several); only the call itself is inside the timer.
 
     The repetitions are taken in ``settings.blocks`` blocks; before each block the memory layout is
     re-drawn (see :class:`_Layout`) and the thread yields the CPU, so each block is a fresh sample of the
     conditions a run meets. ``times_ms`` keeps the blocks apart (``|``) for the run-vs-run comparison.
-    ``last``, when given, receives (closure index, return value) of the last timed call, so the caller
-    can check what was timed.
+    A caller that must check what was timed uses :class:`Measurement` (its ``last``).
     """
     info = device or detect()
     measurement = Measurement(fn, settings or TimingSettings(), info)
     while not measurement.done:
         measurement.step()
-    if last is not None:
-        last[:] = [measurement.last]
     return measurement.timing()
 
 

@@ -143,8 +143,8 @@ class _Pending:
     measurement: Measurement | None = None
 
 
-def _gate(case: Case, ctx: BenchContext, settings: TimingSettings, registry: Registry, tolerance: float,
-          seed: int) -> tuple[dict[str, Any], _Pending | None]:
+def _gate(index: int, case: Case, ctx: BenchContext, settings: TimingSettings, registry: Registry,
+          tolerance: float, seed: int) -> tuple[dict[str, Any], _Pending | None]:
     """Check the case on fresh inputs; a passing case gets its rotation sets (the checked closure first)."""
     spec = op_spec(case.op)
     impl = registry.get(case.op, case.impl)
@@ -157,7 +157,7 @@ def _gate(case: Case, ctx: BenchContext, settings: TimingSettings, registry: Reg
     n_sets = rotation_sets(settings, ctx.info, _set_bytes(case))
     sets = [first] + [prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device, seed=seed + 1 + i))
                       for i in range(n_sets - 1)]
-    return row, _Pending(-1, case, sets, saved, row)
+    return row, _Pending(index, case, sets, saved, row)
 
 
 def _set_bytes(case: Case) -> int:
@@ -221,9 +221,8 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
     for index, case, seed in cases:
         tolerance = tolerance_for(case.dtype, tolerances)
         try:
-            rows[index], checked = _gate(case, ctx, settings, registry, tolerance, seed)
+            rows[index], checked = _gate(index, case, ctx, settings, registry, tolerance, seed)
             if checked is not None:
-                checked.index = index
                 checked.measurement = Measurement([p.closure for p in checked.sets], settings, ctx.info, flusher,
                                                   interleaved=True)
                 pending.append(checked)
