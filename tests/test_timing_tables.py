@@ -37,6 +37,37 @@ def test_measure_counts_calls_and_honours_minimums():
     assert set(timing.as_row()) == set(TIMING_COLUMNS)
 
 
+def test_interleaved_blocks_count_every_untimed_call_on_this_device():
+    """Each interleaved block opens with untimed calls (on a GPU also its first timed repetition, dropped):
+    every call is either a kept repetition or counted in warmup_reps, on whatever device runs the test."""
+    from gpulab.device import detect
+
+    info = detect()
+    calls = []
+    fn = (lambda: calls.append(1)) if not info.gpu_available else _gpu_closure(calls)
+    settings = TimingSettings(min_time_s=0.001, min_reps=16, max_reps=16, warmup_reps=2, flush_cache=False,
+                              min_span_s=0)
+    m = Measurement(fn, settings, info, interleaved=True)
+    while not m.done:
+        m.step()
+    timing = m.timing()
+    assert timing.reps == 16 and len(calls) == timing.reps + timing.warmup_reps
+    opening = 2 if info.gpu_available else 1
+    assert timing.warmup_reps == 2 + len(m.pilot) + (len(m.blocks) + 1) * opening
+
+
+def _gpu_closure(calls: list) -> object:
+    import torch
+
+    x = torch.ones(1 << 20, device="cuda")
+
+    def run():
+        calls.append(1)
+        return x * 2
+
+    return run
+
+
 def test_measure_reports_first_call_separately():
     import time
 

@@ -37,7 +37,7 @@ from gpulab.bench.correctness import (
 )
 from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
-from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, placement
+from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, placement, raise_to_fastest
 from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
 from gpulab.smi import gpu_state, state_text, throttled
@@ -77,8 +77,11 @@ BENCH = TableSchema(
         Column("gbps_p90", "float", "GB/s at the p10 time (the fast end of the spread)"),
         Column("gbps_p10", "float", "GB/s at the p90 time (the slow end of the spread)"),
         Column("gflops", "float", "flops / median time, GFLOP/s"),
-        Column("ceiling_gbps", "float", "the pattern's measured ceiling at this row's tensor size "
-               "(bench/ceilings.csv: best of several methods)"),
+        Column("ceiling_gbps", "float", "the pattern's measured ceiling at this row's tensor size: the best of "
+               "the dedicated methods (dedicated_ceiling_gbps), or the fastest row of the same pattern, dtype and "
+               "size where that row beat them all (ceiling_method then names it)"),
+        Column("dedicated_ceiling_gbps", "float", "the best of the dedicated ceiling methods at this size "
+               "(bench/ceilings.csv)"),
         Column("ceiling_bytes", "int", "tensor size that ceiling was measured at: tensor_bytes (exact), or the "
                "nearest measured size when the ceilings were measured for another matrix"),
         Column("ceiling_method", "str", "the method that set that ceiling"),
@@ -86,7 +89,7 @@ BENCH = TableSchema(
                "plateau (its ceiling at the largest size, same dtype): launch and first-access latency, not "
                "bandwidth, set the time"),
         Column("pct_of_ceiling", "float", "gbps as a percentage of ceiling_gbps; empty for latency rows"),
-        Column("above_ceiling", "bool", "gbps exceeds the ceiling by more than the spread (p90/p10) of both: "
+        Column("above_ceiling", "bool", "gbps exceeds the dedicated ceiling by more than the spread (p90/p10) of both: "
                "then the ceiling is not trustworthy; empty for latency rows (not judged)"),
         Column("method", "str", "how the time was taken: timer, cache policy, reps"),
         *STATE_COLUMNS,
@@ -372,7 +375,7 @@ def aggregate(cell_paths: Iterable[str | Path]) -> pd.DataFrame:
     dtype_order = {"fp32": 0, "fp16": 1, "bf16": 2}
     df = df.assign(_impl=df["impl"].map(order).fillna(len(order)), _dtype=df["dtype"].map(dtype_order).fillna(3))
     df = df.sort_values(["target", "_impl", "impl", "numel", "size", "_dtype"], kind="stable")
-    return df.drop(columns=["_impl", "_dtype"]).reset_index(drop=True)
+    return raise_to_fastest(df.drop(columns=["_impl", "_dtype"]).reset_index(drop=True))
 
 
 def bench_cell_job(

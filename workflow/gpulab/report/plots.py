@@ -288,11 +288,14 @@ def metric_vs_size(
         _size_ticks(ax, pd.to_numeric(part[x], errors="coerce") if x in part else [], xformat, logx)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0 if not logy else None)
         _facet_title(ax, facet, facet_titles, part.empty)
         if row_value is not None:
             title = (facet_titles or {}).get(row_value, row_value)
             ax.set_title(f"{title} · {facet}" if facet is not None else title, fontsize=9)
+    # Only once every panel is drawn: set_ylim stops autoscaling, and on shared axes an earlier call froze
+    # the scale at the first panel's data (later panels' lines ran off the top).
+    for ax in axes:
+        ax.set_ylim(bottom=0 if not logy else None)
     _shared_legend(fig, axes, hue)
     columns = [c for c in (data_columns or []) if c in df.columns] or None
     return embed(fig, alt, caption, df[columns] if columns else df)

@@ -72,8 +72,9 @@ def above_ceiling(df: pd.DataFrame) -> pd.DataFrame:
     if ok.empty or "above_ceiling" not in ok.columns:
         return pd.DataFrame()
     bad = ok[ok["above_ceiling"].astype(str).str.lower() == "true"]
-    return bad[["target", "op", "impl", "size", "dtype", "pattern", "gbps", "ceiling_gbps", "ceiling_method",
-                "pct_of_ceiling", "p10_ms", "p90_ms"]]
+    columns = ["target", "op", "impl", "size", "dtype", "pattern", "gbps", "dedicated_ceiling_gbps", "ceiling_method",
+               "pct_of_ceiling", "p10_ms", "p90_ms"]
+    return bad[[c for c in columns if c in bad.columns]]
 
 
 def unsteady(df: pd.DataFrame) -> pd.DataFrame:
