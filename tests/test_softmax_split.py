@@ -3,6 +3,10 @@ the interpreter), the bound on SPLIT, labels and overrides; on a GPU host, the s
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 pytest.importorskip("triton")
@@ -61,6 +65,50 @@ def test_split_labels_and_overrides_round_trip():
     assert {c.kernel for c in launch_candidates(2048, 131072, 4, H100)} == {"split", "looped"}
 
 
+# The interpreter runs programs one after the other, so the row's programs cannot wait for each other: the
+# arrival counts are preset to "all in", and a second launch reads the partials the first one stored. What is
+# checked is the kernel's arithmetic (chunks, masks, a chunk of only -inf, the combine, the strided store).
+INTERPRETED_SPLIT = """
+import torch
+from gpulab.bench.ops import check
+from gpulab.kernels.triton.softmax import softmax_split_kernel, split_workspace
+for rows, cols, split, block in ((3, 100003, 8, 16384), (2, 40000, 4, 16384), (1, 5000, 2, 4096)):
+    x = torch.randn(rows, cols + 9)[:, 3:3 + cols] * 4
+    x[0, :block] = float("-inf")
+    y = torch.full_like(x, float("nan"))
+    ticket, count, maxes, sums = split_workspace(rows, split, x.device)
+    for _ in range(2):
+        ticket.zero_()
+        count.fill_(split)
+        softmax_split_kernel[(rows * split,)](x, y, ticket, count, maxes, sums, cols, x.stride(0), y.stride(0),
+                                              SPLIT=split, BLOCK_N=block)
+    result = check("softmax", y, [x], "fp32")
+    assert result.passed, (rows, cols, result.reason)
+    assert (y[0, :block] == 0).all()
+"""
+
+# A row whose programs never all arrive: with the spin bound cut to 3 reads, every program but the row's last
+# gives up and writes NaN (the gate's `incorrect`), instead of waiting forever.
+INTERPRETED_GIVE_UP = """
+import torch
+import triton.language as tl
+from gpulab.kernels.triton import softmax as module
+module.SPLIT_MAX_SPINS = tl.constexpr(3)
+x = torch.randn(1, 4 * 1024)
+y = torch.zeros_like(x)
+module.softmax_split_kernel[(4,)](x, y, *module.split_workspace(1, 4, x.device), 4096, 4096, 4096, SPLIT=4,
+                                  BLOCK_N=1024)
+assert y[0, :3 * 1024].isnan().all() and not y[0, 3 * 1024:].isnan().any()
+"""
+
+
+@pytest.mark.parametrize("code", [INTERPRETED_SPLIT, INTERPRETED_GIVE_UP], ids=["arithmetic", "gives_up"])
+def test_split_kernel_in_the_interpreter(code):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def _gpu() -> bool:
     import torch
 
@@ -88,3 +136,16 @@ def test_split_kernel_matches_torch_on_the_gpu(rows, cols, dtype, strided):
         assert not y.isnan().any()
         result = check("softmax", y, [x], {"float32": "fp32", "bfloat16": "bf16"}[dtype])
         assert result.passed, result.reason
+
+
+@pytest.mark.skipif(not _gpu(), reason="needs a GPU: the split kernel's programs run side by side")
+def test_split_kernel_gives_zeros_for_a_chunk_of_only_minus_infinity():
+    """A masked stretch as wide as a chunk: its program's max is -inf, yet the row is finite, so 0, not NaN."""
+    import torch
+    from gpulab.bench.ops import check
+    from gpulab.kernels.triton.softmax import softmax
+
+    x = torch.randn(4, 131072, device="cuda")
+    x[:, :40000] = float("-inf")
+    y = softmax(x)
+    assert (y[:, :40000] == 0).all() and check("softmax", y, [x], "fp32").passed
