@@ -67,8 +67,8 @@ constexpr int kMaxBlockThreads = 1024;
 // where 32 per thread in 512 threads reached 90-93%.
 constexpr int kBlockElemsPerThread = 16;
 static_assert(kSoftmaxBlockElems == kMaxBlockThreads * kBlockElemsPerThread, "one block holds one chunk");
-// Reads of a row's arrival count a split-softmax block makes before it gives up (seconds): a launch that breaks
-// the co-residency assumption then writes NaN, which the benchmark's gate fails, instead of hanging the GPU.
+// Reads of a row's arrival count a split-softmax block makes before it gives up (2^22 L2 round trips): a launch
+// that breaks the co-residency assumption then writes NaN, which the benchmark's gate fails, instead of hanging.
 constexpr int kSplitMaxSpins = 1 << 22;
 
 template <typename T>

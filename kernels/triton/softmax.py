@@ -72,7 +72,7 @@ def softmax_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOC
         tl.store(y_row_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-# Spins a program waits for the rest of its row before it gives up (seconds of atomic reads): a bound, so a
+# Reads a program makes of its row's arrival count before it gives up (2^22 L2 round trips): a bound, so a
 # launch that breaks the co-residency assumption writes NaN (which the benchmark's gate fails) instead of
 # hanging the GPU.
 SPLIT_MAX_SPINS = tl.constexpr(1 << 22)
