@@ -622,6 +622,8 @@ def test_triton_kernels_are_correct_in_the_interpreter():
         "assert check('softmax', softmax(m), [m], 'fp32').passed\n"
         "w = torch.randn(3, 9000) * 3\n"
         "assert check('softmax', softmax(w, looped_block=1024), [w], 'fp32').passed\n"
+        "v = torch.randn(2, 20000) * 3  # wider than a program: looped, since the interpreter cannot split\n"
+        "assert check('softmax', softmax(v), [v], 'fp32').passed\n"
     )
     _run_in_triton_interpreter(code)
 

@@ -213,17 +213,22 @@ def test_report_section_shows_heatmaps_and_measured_beside_static(tmp_path):
     assert list(section["not_ok"]["status"]) == ["skipped"]
 
 
-def _args_for(launch: Launch, device: str) -> list:
-    """Arguments of a real launch matching the launch's signature (aligned tensors, sizes multiples of 16)."""
+def _args_for(launch: Launch, device: str) -> tuple[list, int]:
+    """Arguments of a real launch matching the launch's signature (aligned tensors, sizes multiples of 16), and
+    its grid: one program, or one row's SPLIT programs for the split softmax (they wait for each other)."""
     import torch
 
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[launch.dtype]
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32}
+    split = launch.constexprs.get("SPLIT", 1)
     ints = [name for name, kind in launch.signature.items() if kind in ("i32", "i64")]
-    cols = launch.constexprs.get("BLOCK_N", 0) * (2 if launch.kernel.__name__ == "softmax_looped_kernel" else 1)
+    looped = launch.kernel.__name__ == "softmax_looped_kernel"
+    cols = launch.constexprs.get("BLOCK_N", 0) * (2 if looped else split)
     values = {"n_elements": 2**20, "n_rows": 64, "n_cols": cols, "x_row_stride": cols, "y_row_stride": cols}
     numel = values["n_elements"] if "n_elements" in ints else 64 * cols
-    pointers = [torch.randn(numel, device=device).to(dtype) for kind in launch.signature.values() if kind[0] == "*"]
-    return pointers + [values[name] for name in ints]
+    pointers = [torch.randn(numel, device=device).to(dtypes[launch.dtype]) if name in ("x_ptr", "y_ptr", "output_ptr")
+                else torch.zeros(64 * split, dtype=dtypes[kind[1:]], device=device)  # the split kernel's workspace
+                for name, kind in launch.signature.items() if kind[0] == "*"]
+    return pointers + [values[name] for name in ints], split
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("torch") or not __import__("torch").cuda.is_available(),
@@ -241,7 +246,8 @@ def test_launched_kernels_use_the_registers_the_table_records():
     for launch in todo:
         with private_triton_cache():
             row = compile_launch(launch, a)
-        compiled = launch.kernel[(1,)](*_args_for(launch, "cuda"), **launch.constexprs, num_warps=launch.num_warps)
+        args, programs = _args_for(launch, "cuda")
+        compiled = launch.kernel[(programs,)](*args, **launch.constexprs, num_warps=launch.num_warps)
         assert row["status"] == "ok", row.get("reason")
         assert (compiled.n_regs, compiled.n_spills > 0) == (row["registers"], row["spilled_regs"] > 0), launch.variant
 

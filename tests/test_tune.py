@@ -107,8 +107,9 @@ def test_softmax_candidates_are_launches_softmax_makes():
         assert found[0] == launch_choice(rows, cols, 2, nvidia) and len(set(found)) == len(found) > 1
         for launch in found:  # the overrides the sweep passes to softmax() make exactly this launch
             assert launch_choice(rows, cols, 2, nvidia, **launch.overrides()) == launch
-            assert launch.looped or launch.block_m * launch.block_n <= 16384
-        assert any(c.looped for c in found) == (cols >= 4096)
+            assert launch.kernel == "looped" or launch.block_m * launch.block_n <= 16384
+        assert any(c.kernel == "looped" for c in found) == (cols >= 4096)
+        assert any(c.kernel == "split" for c in found) == (cols > 16384)
 
 
 def test_tune_triton_in_the_interpreter_times_every_candidate():

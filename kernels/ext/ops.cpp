@@ -16,6 +16,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
@@ -207,8 +208,16 @@ at::Tensor softmax_rows_gpu(const at::Tensor& x) {
     check_launch(device_warp_size(x.get_device(), &warp), "softmax_rows", x);
     TORCH_CHECK(softmax_supports_warp(warp), "gpulab::softmax_rows: no kernels for warp width " +
                                                  std::to_string(warp) + " of " + x.device().str());
+    int units = 0;
+    check_launch(device_units(x.get_device(), &units), "softmax_rows", x);
+    // Rows wider than one block are split over several blocks that exchange partials through a zeroed
+    // workspace: allocated per call, so its cost is the operator's.
+    const int64_t split = softmax_split(x.size(0), x.size(1), units);
+    at::Tensor workspace;
+    if (split > 1) workspace = at::zeros({softmax_workspace_words(x.size(0), split)}, x.options().dtype(at::kInt));
     check_launch(launch_softmax_rows(device_dtype(x), x.const_data_ptr(), out.mutable_data_ptr(), x.size(0),
-                                     x.size(1), warp, current_stream(x)),
+                                     x.size(1), warp, split, split > 1 ? workspace.mutable_data_ptr() : nullptr,
+                                     current_stream(x)),
                  "softmax_rows", x);
     return out;
 }

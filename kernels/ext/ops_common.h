@@ -7,6 +7,7 @@
 // the runtime's error code, which ops.cpp turns into an exception.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -26,17 +27,42 @@ GPULAB_HOST_DEVICE inline float gelu_tanh_inner(float x) { return kGeluBeta * (x
 // The element types the device launchers are instantiated for (compute is always in float32).
 enum class DType : int { Float = 0, Half = 1, BFloat16 = 2 };
 
+// Softmax rows up to kSoftmaxBlockElems elements are held in the registers of one block (1024 threads x 16
+// elements, as the Triton kernel's table has it). Wider rows are split over `split` blocks that each hold a chunk
+// of that size and exchange their (max, sum) through a zeroed workspace that ops.cpp allocates; the blocks of a
+// row wait for each other, so all of them must be able to run at once: split <= the device's SMs / CUs (`units`).
+// Returns 1 (no split needed), the split, or 0 where it cannot be done (the looped kernel then reads twice).
+constexpr int64_t kSoftmaxBlockElems = 16384;
+
+GPULAB_HOST_DEVICE inline int64_t softmax_split(int64_t rows, int64_t cols, int units) {
+    if (cols <= kSoftmaxBlockElems) return 1;
+    const int64_t split = (cols + kSoftmaxBlockElems - 1) / kSoftmaxBlockElems;
+    return split <= units && rows * split <= INT_MAX ? split : 0;
+}
+
+// The split kernel's workspace, in 32-bit words (sections 16-byte aligned): a ticket counter, one arrival count
+// per row, then each chunk's max and sum of exp(x - max) as floats, at row * split + chunk.
+GPULAB_HOST_DEVICE inline int64_t softmax_partials_offset(int64_t rows) { return 4 + (rows + 3) / 4 * 4; }
+GPULAB_HOST_DEVICE inline int64_t softmax_workspace_words(int64_t rows, int64_t split) {
+    return softmax_partials_offset(rows) + 2 * rows * split;
+}
+
 // Device launchers (ops_cuda.cu). Each enqueues its kernel on `stream` (a cudaStream_t / hipStream_t)
 // and returns the runtime's error code of the launch: 0 is success, anything else goes to
 // device_error_string. Preconditions, checked by the caller: contiguous inputs of one dtype on the
 // current device, n > 0 / rows, cols > 0, rows < 2^31.
 int launch_vector_add(DType dtype, const void* a, const void* b, void* out, int64_t n, void* stream);
 int launch_gelu_tanh(DType dtype, const void* x, void* out, int64_t n, void* stream);
-int launch_softmax_rows(DType dtype, const void* x, void* y, int64_t rows, int64_t cols, int warp, void* stream);
+// launch_softmax_rows's `split` is softmax_split's answer; `workspace` holds softmax_workspace_words zeroed words
+// when split > 1 (else null).
+int launch_softmax_rows(DType dtype, const void* x, void* y, int64_t rows, int64_t cols, int warp, int64_t split,
+                        void* workspace, void* stream);
 // Whether launch_softmax_rows has kernels for this warp width (32; also 64 on AMD builds).
 bool softmax_supports_warp(int warp);
 // The warp (wavefront) width of `device` into *warp; returns the runtime's error code.
 int device_warp_size(int device, int* warp);
+// The SMs (NVIDIA) or CUs (AMD) of `device` into *units; returns the runtime's error code.
+int device_units(int device, int* units);
 const char* device_error_string(int code);
 
 }  // namespace gpulab

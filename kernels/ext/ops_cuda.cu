@@ -44,12 +44,14 @@ int launch_gelu_tanh(DType dtype, const void* x, void* out, int64_t n, void* str
     });
 }
 
-int launch_softmax_rows(DType dtype, const void* x, void* y, int64_t rows, int64_t cols, int warp, void* stream) {
-    if (!softmax_supports_warp(warp)) return static_cast<int>(cudaErrorInvalidValue);
+int launch_softmax_rows(DType dtype, const void* x, void* y, int64_t rows, int64_t cols, int warp, int64_t split,
+                        void* workspace, void* stream) {
+    if (!softmax_supports_warp(warp) || (split > 1 && workspace == nullptr))
+        return static_cast<int>(cudaErrorInvalidValue);
     return dispatch(dtype, [&](auto tag) {
         using T = decltype(tag);
-        kernels::launch_softmax_for_warp(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, warp,
-                                         static_cast<cudaStream_t>(stream));
+        kernels::launch_softmax_for_warp(static_cast<const T*>(x), static_cast<T*>(y), rows, cols, warp, split,
+                                         workspace, static_cast<cudaStream_t>(stream));
     });
 }
 
@@ -63,6 +65,10 @@ bool softmax_supports_warp(int warp) {
 
 int device_warp_size(int device, int* warp) {
     return static_cast<int>(cudaDeviceGetAttribute(warp, cudaDevAttrWarpSize, device));
+}
+
+int device_units(int device, int* units) {
+    return static_cast<int>(cudaDeviceGetAttribute(units, cudaDevAttrMultiProcessorCount, device));
 }
 
 const char* device_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

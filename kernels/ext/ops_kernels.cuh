@@ -17,8 +17,10 @@
 // - Elementwise: a few 16-byte vectors per thread and input, loaded before any is used; one block per
 //   tile (a grid-stride loop only past the grid-size limit); the sub-vector tail is done by block 0.
 // - Softmax: rows up to 32 floats per lane are held in registers by one warp per row (two passes over
-//   registers, one read and one write of memory); rows up to 32 floats per thread of a block by one
-//   block per row; longer rows by an online (max, sum) pass and a second, normalising pass.
+//   registers, one read and one write of memory); rows up to kSoftmaxBlockElems (16 per thread of a
+//   1024-thread block, the Triton kernel's launch) by one block per row; wider rows by several blocks per
+//   row that exchange their chunk's (max, sum) through global memory, still one read and one write; rows
+//   too wide even for that (more blocks than SMs) by an online (max, sum) pass and a normalising pass.
 #pragma once
 
 #include <algorithm>
@@ -60,6 +62,14 @@ constexpr int kElementsPerThread = 8;
 constexpr int kSoftmaxWarpBlockThreads = 256;
 constexpr int kFloatsPerLane = 32;  // register budget of the row-in-registers softmax kernels
 constexpr int kMaxBlockThreads = 1024;
+// Elements per thread of the block and split softmax kernels (kSoftmaxBlockElems = kMaxBlockThreads x this): the
+// Triton kernel's 16 (kernels/triton/config.py): at 16384-wide bf16 rows on an H100 it reached 95-98% of a copy
+// where 32 per thread in 512 threads reached 90-93%.
+constexpr int kBlockElemsPerThread = 16;
+static_assert(kSoftmaxBlockElems == kMaxBlockThreads * kBlockElemsPerThread, "one block holds one chunk");
+// Reads of a row's arrival count a split-softmax block makes before it gives up (2^22 L2 round trips): a launch
+// that breaks the co-residency assumption then writes NaN, which the benchmark's gate fails, instead of hanging.
+constexpr int kSplitMaxSpins = 1 << 22;
 
 template <typename T>
 struct alignas(kVecBytes) Vec {
@@ -352,6 +362,26 @@ __device__ __forceinline__ OnlineSoftmax warp_reduce_online(OnlineSoftmax a) {
     return a;
 }
 
+// Every thread gets the block's combined (max, sum); `smem_m`, `smem_s` hold one float per warp, not reused after.
+template <int WARP>
+__device__ __forceinline__ OnlineSoftmax block_reduce_online(OnlineSoftmax acc, float* smem_m, float* smem_s) {
+    acc = warp_reduce_online<WARP>(acc);
+    const int lane = threadIdx.x % WARP;
+    const int warp = threadIdx.x / WARP;
+    const int nwarps = (blockDim.x + WARP - 1) / WARP;
+    if (lane == 0) {
+        smem_m[warp] = acc.m;
+        smem_s[warp] = acc.s;
+    }
+    __syncthreads();
+    OnlineSoftmax total;
+    if (lane < nwarps) {
+        total.m = smem_m[lane];
+        total.s = smem_s[lane];
+    }
+    return warp_reduce_online<WARP>(total);
+}
+
 // Visits a row's chunks, UNROLL per thread and iteration: the iteration's loads first, then
 // `visit(chunk, j)` for each loaded chunk j, so that the loads are in flight together.
 template <typename T, bool VEC, int UNROLL, typename Visit>
@@ -373,7 +403,7 @@ __device__ __forceinline__ void for_each_chunk_unrolled(const T* __restrict__ ro
     }
 }
 
-// Rows too long for registers: an online pass for (max, sum), then a pass that writes the result (the
+// Rows too long for the split kernel: an online pass for (max, sum), then a pass that writes the result (the
 // second read mostly hits L2: a wave of blocks touches far less than the cache holds).
 template <typename T, int WARP, bool VEC>
 __global__ void __launch_bounds__(kMaxBlockThreads)
@@ -398,21 +428,7 @@ softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) 
         for (int k = 0; k < V; ++k) cs += expf(c[k] - ref);
         acc.merge(cm, cs);
     });
-    acc = warp_reduce_online<WARP>(acc);
-    const int lane = threadIdx.x % WARP;
-    const int warp = threadIdx.x / WARP;
-    const int nwarps = (blockDim.x + WARP - 1) / WARP;
-    if (lane == 0) {
-        smem_m[warp] = acc.m;
-        smem_s[warp] = acc.s;
-    }
-    __syncthreads();
-    OnlineSoftmax total;
-    if (lane < nwarps) {
-        total.m = smem_m[lane];
-        total.s = smem_s[lane];
-    }
-    total = warp_reduce_online<WARP>(total);
+    const OnlineSoftmax total = block_reduce_online<WARP>(acc, smem_m, smem_s);
     const float mx = total.m;
     const float inv = 1.0f / total.s;
 
@@ -421,6 +437,84 @@ softmax_looped_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols) 
         for (int k = 0; k < V; ++k) c[k] = expf(c[k] - mx);
         store_chunk<T, VEC>(yr, j, c, inv);
     });
+}
+
+// The split kernel's workspace (ops_common.h: softmax_workspace_words), zeroed by the caller.
+struct SplitWorkspace {
+    unsigned int* ticket;  // blocks started so far
+    int* count;            // per row: blocks that have published their partials
+    float* max;            // per chunk, at row * split + chunk: its max
+    float* sum;            // and its sum of exp(x - max)
+};
+
+inline SplitWorkspace split_workspace(void* base, int64_t rows, int64_t split) {
+    int* words = static_cast<int*>(base);
+    float* partials = reinterpret_cast<float*>(words + softmax_partials_offset(rows));
+    return {reinterpret_cast<unsigned int*>(words), words + 4, partials, partials + rows * split};
+}
+
+// One thread per block: counts the block in (its partials published first) and waits, at most kSplitMaxSpins
+// reads, until all `split` blocks of the row are in. Returns how many were.
+__device__ __forceinline__ int arrive_and_wait(int* count, int split) {
+    __threadfence();  // release: this thread's partials are visible before the count that announces them
+    int arrived = atomicAdd(count, 1) + 1;
+    for (int spins = 0; arrived < split && spins < kSplitMaxSpins; ++spins)
+        arrived = *static_cast<volatile int*>(count);
+    __threadfence();  // acquire: the partials read after this are at least as new as the count
+    return arrived;
+}
+
+// Publishes this block's chunk (max, sum), waits for the row's other blocks and returns the row's sum of
+// exp(x - ref), which softmax_row_in_registers divides by: NaN if the wait gave up.
+template <int WARP>
+__device__ __forceinline__ float split_row_sum(float chunk_max, float chunk_sum, float ref, unsigned int ticket,
+                                               int split, SplitWorkspace ws, float* smem_m, float* smem_s) {
+    __shared__ int arrived;
+    const int64_t row = ticket / split;
+    if (threadIdx.x == 0) {
+        ws.max[ticket] = chunk_max;
+        ws.sum[ticket] = chunk_sum;
+        arrived = arrive_and_wait(ws.count + row, split);
+    }
+    __syncthreads();
+    OnlineSoftmax acc;
+    const volatile float* maxes = ws.max + row * split;  // volatile: from L2, never a stale L1 line
+    const volatile float* sums = ws.sum + row * split;
+    for (int i = threadIdx.x; i < split; i += blockDim.x) acc.merge(maxes[i], sums[i]);
+    const OnlineSoftmax total = block_reduce_online<WARP>(acc, smem_m, smem_s);
+    return arrived < split ? NAN : total.s * expf(total.m - ref);
+}
+
+// Rows wider than one block holds (kSoftmaxBlockElems): `split` blocks per row, each keeping a chunk of that
+// many elements in registers, so every element is read once and written once; the blocks of a row exchange
+// their chunk's (max, sum) through `ws`. A block takes a ticket in the order blocks start (as CUB's decoupled
+// look-back does) and works on chunk ticket % split of row ticket / split: it only ever waits for blocks of
+// its row that are running or not yet started, and with split <= SMs a slot is always free for those.
+template <typename T, int WARP, bool VEC>
+__global__ void __launch_bounds__(kMaxBlockThreads)
+softmax_split_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols, int split, SplitWorkspace ws) {
+    constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
+    constexpr int64_t kChunk = kSoftmaxBlockElems / V;  // vectors (or elements) per chunk
+    __shared__ float smem[4][kMaxBlockThreads / 32];
+    __shared__ unsigned int ticket;
+    if (threadIdx.x == 0) ticket = atomicAdd(ws.ticket, 1u);
+    __syncthreads();
+    const int64_t chunk = ticket % split;
+    const int64_t offset = static_cast<int64_t>(ticket / split) * cols + chunk * kSoftmaxBlockElems;
+    const int64_t left = cols / V - chunk * kChunk;  // the row's last chunk may be shorter
+    float chunk_max = -INFINITY, ref = 0.0f;
+    softmax_row_in_registers<T, kBlockElemsPerThread / V, VEC>(
+        x + offset, y + offset, left < kChunk ? left : kChunk, threadIdx.x, blockDim.x,
+        [&](float m) {
+            chunk_max = block_reduce<WARP>(m, smem[0], MaxOp{}, -INFINITY);
+            // An all -inf chunk of a row with finite values gives zeros, not exp(-inf - -inf) = NaN.
+            ref = chunk_max == -INFINITY ? 0.0f : chunk_max;
+            return ref;
+        },
+        [&](float s) {
+            const float chunk_sum = block_reduce<WARP>(s, smem[1], SumOp{}, 0.0f);
+            return split_row_sum<WARP>(chunk_max, chunk_sum, ref, ticket, split, ws, smem[2], smem[3]);
+        });
 }
 
 
@@ -470,9 +564,10 @@ void launch_softmax_warp(const T* x, T* y, int64_t rows, int64_t cols, Stream st
 }
 
 // Picks the kernel for a row of `chunks` chunks (vectors of V elements, or single elements).
-// rows < 2^31 (one block per row in the block and looped kernels): the caller checks it.
+// rows < 2^31 (one block per row in the block and looped kernels): the caller checks it. `split` and
+// `workspace`: see launch_softmax_rows (ops_common.h).
 template <typename T, int WARP, bool VEC>
-void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, Stream stream) {
+void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, int64_t split, void* workspace, Stream stream) {
     constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
     constexpr int kMaxIters = kFloatsPerLane / V;
     const int64_t chunks = cols / V;
@@ -490,8 +585,7 @@ void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, Stream stream)
             return launch_softmax_warp<T, WARP, kMaxIters, VEC>(x, y, rows, cols, stream);
         }
     }
-    // Scalar chunks need more address registers each: half the depth keeps 1024-thread blocks unspilled.
-    constexpr int kBlockIters = VEC ? kMaxIters : kMaxIters / 2;
+    constexpr int kBlockIters = kBlockElemsPerThread / V;
     if (chunks <= static_cast<int64_t>(kMaxBlockThreads) * kBlockIters) {
         // Fewest threads that hold the row at kBlockIters chunks each, but at least 128 so a block has
         // several warps to overlap.
@@ -502,29 +596,36 @@ void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, Stream stream)
             <<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0, stream>>>(x, y, cols);
         return;
     }
+    if (split > 1) {
+        softmax_split_kernel<T, WARP, VEC><<<static_cast<unsigned>(rows * split), kMaxBlockThreads, 0, stream>>>(
+            x, y, cols, static_cast<int>(split), split_workspace(workspace, rows, split));
+        return;
+    }
     softmax_looped_kernel<T, WARP, VEC><<<static_cast<unsigned>(rows), kMaxBlockThreads, 0, stream>>>(x, y, cols);
 }
 
 template <typename T, int WARP>
-void launch_softmax_any(const T* x, T* y, int64_t rows, int64_t cols, Stream stream) {
+void launch_softmax_any(const T* x, T* y, int64_t rows, int64_t cols, int64_t split, void* workspace,
+                        Stream stream) {
     constexpr int V = kVecBytes / sizeof(T);
     if (cols % V == 0 && aligned16(x) && aligned16(y))
-        launch_softmax<T, WARP, true>(x, y, rows, cols, stream);
+        launch_softmax<T, WARP, true>(x, y, rows, cols, split, workspace, stream);
     else
-        launch_softmax<T, WARP, false>(x, y, rows, cols, stream);
+        launch_softmax<T, WARP, false>(x, y, rows, cols, split, workspace, stream);
 }
 
 // The warp widths this build's kernels are instantiated for: 32 everywhere, 64 on AMD (CDNA).
 template <typename T>
-bool launch_softmax_for_warp(const T* x, T* y, int64_t rows, int64_t cols, int warp, Stream stream) {
+bool launch_softmax_for_warp(const T* x, T* y, int64_t rows, int64_t cols, int warp, int64_t split,
+                             void* workspace, Stream stream) {
 #if defined(GPULAB_ROCM)
     if (warp == 64) {
-        launch_softmax_any<T, 64>(x, y, rows, cols, stream);
+        launch_softmax_any<T, 64>(x, y, rows, cols, split, workspace, stream);
         return true;
     }
 #endif
     if (warp != 32) return false;
-    launch_softmax_any<T, 32>(x, y, rows, cols, stream);
+    launch_softmax_any<T, 32>(x, y, rows, cols, split, workspace, stream);
     return true;
 }
 

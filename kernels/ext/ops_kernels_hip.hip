@@ -23,7 +23,7 @@ namespace kernels {
 #define GPULAB_INSTANTIATE(T)                                                                      \
     template void launch_binary<T, AddOp>(const T*, const T*, T*, int64_t, AddOp, Stream);          \
     template void launch_unary<T, GeluTanhOp>(const T*, T*, int64_t, GeluTanhOp, Stream);          \
-    template bool launch_softmax_for_warp<T>(const T*, T*, int64_t, int64_t, int, Stream);
+    template bool launch_softmax_for_warp<T>(const T*, T*, int64_t, int64_t, int, int64_t, void*, Stream);
 
 GPULAB_INSTANTIATE(float)
 GPULAB_INSTANTIATE(__half)

@@ -28,6 +28,9 @@ class Target:
     backend: str  # "cuda" | "hip" | "interpreter"
     warp_size: int
     arch: str = ""  # gfx1151 / sm_90; empty for the interpreter
+    # SMs (NVIDIA) or CUs (AMD) of the running device; 0 where no device is known (ahead-of-time targets, the
+    # interpreter). Bounds the split softmax, whose programs wait for each other (softmax.launch_choice).
+    units: int = 0
 
     @property
     def family(self) -> str:
@@ -47,9 +50,12 @@ def current_target() -> Target:
     if interpreted():
         # The interpreter runs kernels on the CPU (used by the tests); lay them out as for NVIDIA.
         return Target(backend="interpreter", warp_size=32)
-    target = triton.runtime.driver.active.get_current_target()
+    driver = triton.runtime.driver.active
+    target = driver.get_current_target()
     arch = target.arch if isinstance(target.arch, str) else f"sm_{target.arch}"
-    return Target(backend=str(target.backend), warp_size=int(getattr(target, "warp_size", 32)), arch=arch)
+    units = int(driver.utils.get_device_properties(driver.get_current_device())["multiprocessor_count"])
+    return Target(backend=str(target.backend), warp_size=int(getattr(target, "warp_size", 32)), arch=arch,
+                  units=units)
 
 
 # (BLOCK_SIZE, num_warps): 4 to 32 elements per thread; (512, 4) and (1024, 4) are PyTorch's and
@@ -144,7 +150,7 @@ def launched_shape(kernel: Any) -> tuple[int, int]:
 @dataclass(frozen=True)
 class SoftmaxConfig:
     program_elems: int  # elements a program holds when several short rows share one program
-    max_fused_cols: int  # widest row kept in registers in one pass; wider rows use the looped kernel
+    max_fused_cols: int  # widest row (or split chunk) one program keeps in registers
     elems_per_thread: int  # sets num_warps from the block size
     max_threads: int
 

@@ -15,12 +15,15 @@ from typing import Any
 from .add import add_kernel
 from .config import Target, elementwise_shapes, needs_64bit_offsets, softmax_config
 from .gelu import gelu_kernel
-from .softmax import launch_choice, softmax_kernel, softmax_looped_kernel
+from .softmax import SoftmaxLaunch, launch_choice, softmax_kernel, softmax_looped_kernel, softmax_split_kernel
 
 DTYPES = {"fp32": ("fp32", 4), "fp16": ("fp16", 2), "bf16": ("bf16", 2)}
-# Softmax row widths covered: every power of two the fused kernel takes (16 .. max_fused_cols), then one
-# wider row for the looped kernel. Narrower rows are padded to 16 columns' worth of layout anyway.
+# Softmax row widths covered: every power of two the fused kernel takes (16 .. max_fused_cols), then the widest
+# row of the benchmark's sizes for the split kernel (its chunk, hence its code, is the same for every SPLIT but
+# the partials' load), and the looped kernel's default block. Narrower rows are padded to 16 columns' worth of
+# layout anyway.
 SOFTMAX_MIN_COLS = 16
+SOFTMAX_SPLIT_COLS = 131072
 SOFTMAX_ROWS = 1 << 16  # enough rows that rows_per_program is never capped by the tensor's height
 
 
@@ -66,26 +69,33 @@ def _elementwise(op: str, kernel: Any, dtype: str, target: Target, offsets: tupl
 
 
 def _softmax(dtype: str, target: Target) -> list[Launch]:
-    ty, itemsize = DTYPES[dtype]
+    _, itemsize = DTYPES[dtype]
     config = softmax_config(target)
     widths = [SOFTMAX_MIN_COLS << k for k in range((config.max_fused_cols // SOFTMAX_MIN_COLS).bit_length())]
-    widths.append(config.max_fused_cols * 2)
-    launches = {}
-    for width in widths:
-        choice = launch_choice(SOFTMAX_ROWS, width, itemsize, target)
-        if choice.looped:
-            kernel, ints = softmax_looped_kernel, ("n_cols", "x_row_stride", "y_row_stride")
-            constexprs = {"BLOCK_N": choice.block_n}
-        else:
-            kernel, ints = softmax_kernel, ("n_rows", "n_cols", "x_row_stride", "y_row_stride")
-            constexprs = {"BLOCK_M": choice.block_m, "BLOCK_N": choice.block_n}
-        signature = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}"} | dict.fromkeys(ints, "i32")
-        signature |= dict.fromkeys(constexprs, "constexpr")
-        variant = " ".join(f"{k}={v}" for k, v in constexprs.items()) + f" num_warps={choice.num_warps}"
-        launches[variant] = Launch(
-            op="softmax", kernel=kernel, variant=variant, dtype=dtype, signature=signature, constexprs=constexprs,
-            num_warps=choice.num_warps)
-    return list(launches.values())
+    choices = [launch_choice(SOFTMAX_ROWS, width, itemsize, target) for width in [*widths, SOFTMAX_SPLIT_COLS]]
+    choices.append(launch_choice(SOFTMAX_ROWS, SOFTMAX_SPLIT_COLS, itemsize, target,
+                                 looped_block=config.looped_block(itemsize)))
+    launches = [_softmax_launch(choice, dtype) for choice in choices]
+    return list({(launch.kernel, launch.variant): launch for launch in launches}.values())
+
+
+def _softmax_launch(choice: SoftmaxLaunch, dtype: str) -> Launch:
+    ty = DTYPES[dtype][0]
+    pointers = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
+    strides = ("n_cols", "x_row_stride", "y_row_stride")
+    if choice.kernel == "split":
+        kernel, ints = softmax_split_kernel, strides
+        pointers |= {"ticket_ptr": "*i32", "count_ptr": "*i32", "max_ptr": "*fp32", "sum_ptr": "*fp32"}
+        constexprs = {"SPLIT": choice.split, "BLOCK_N": choice.block_n}
+    elif choice.kernel == "looped":
+        kernel, ints, constexprs = softmax_looped_kernel, strides, {"BLOCK_N": choice.block_n}
+    else:
+        kernel, ints = softmax_kernel, ("n_rows", *strides)
+        constexprs = {"BLOCK_M": choice.block_m, "BLOCK_N": choice.block_n}
+    signature = pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(constexprs, "constexpr")
+    variant = " ".join(f"{k}={v}" for k, v in constexprs.items()) + f" num_warps={choice.num_warps}"
+    return Launch(op="softmax", kernel=kernel, variant=variant, dtype=dtype, signature=signature,
+                  constexprs=constexprs, num_warps=choice.num_warps)
 
 
 def launches(target: Target, dtypes: tuple[str, ...], vector_elements: tuple[int, ...]) -> list[Launch]:

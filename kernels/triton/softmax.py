@@ -1,9 +1,13 @@
 """Row softmax of a 2-D tensor in Triton, in the style of the Triton tutorials.
 
-Two kernels: ``softmax_kernel`` keeps whole rows in registers (several short rows per program, so a
+Three kernels: ``softmax_kernel`` keeps whole rows in registers (several short rows per program, so a
 65536x256 input still gives each program a few thousand elements) and touches memory once per element
-each way; ``softmax_looped_kernel`` handles rows wider than one block with an online max/sum pass
-followed by a normalising pass, walked backwards so the row's tail is still in the cache.
+each way. Rows wider than one program's register budget take ``softmax_split_kernel`` on a GPU: SPLIT
+programs share a row, each holds its chunk in registers, and they exchange their (max, sum) through global
+memory, so every element is still read once and written once. ``softmax_looped_kernel`` is the simple
+version for wide rows (one program per row: an online max/sum pass, then a normalising pass walked
+backwards so the row's tail is still in the cache; 1.5x the bytes, so at most 67% of a copy): it runs in
+the interpreter, whose programs run one at a time, and stays a tuning candidate so the report can name both.
 """
 
 from __future__ import annotations
@@ -68,32 +72,85 @@ def softmax_looped_kernel(x_ptr, y_ptr, n_cols, x_row_stride, y_row_stride, BLOC
         tl.store(y_row_ptr + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+# Reads a program makes of its row's arrival count before it gives up (2^22 L2 round trips): a bound, so a
+# launch that breaks the co-residency assumption writes NaN (which the benchmark's gate fails) instead of
+# hanging the GPU.
+SPLIT_MAX_SPINS = tl.constexpr(1 << 22)
+
+
+@triton.jit
+def softmax_split_kernel(
+    x_ptr, y_ptr, ticket_ptr, count_ptr, max_ptr, sum_ptr, n_cols, x_row_stride, y_row_stride,
+    SPLIT: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    # Tickets are handed out in the order programs start (CUB's decoupled look-back does the same), so a
+    # program only ever waits for chunks of its own row whose programs are running or not yet started; with
+    # SPLIT no more than the programs the GPU holds at once, a slot is always free for them.
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="relaxed")
+    row = ticket // SPLIT
+    cols = (ticket % SPLIT) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    row64 = row.to(tl.int64)
+    x = tl.load(x_ptr + row64 * x_row_stride + cols, mask=mask, other=-float("inf"),
+                eviction_policy="evict_first").to(tl.float32)
+    chunk_max = tl.max(x, axis=0)
+    # A chunk past a ragged row's end is all -inf: exp against 0 instead of -inf keeps its sum 0, not NaN.
+    ref = tl.where(chunk_max == -float("inf"), 0.0, chunk_max)
+    numerator = tl.exp(x - ref)
+    # Partial i of row r sits at r * SPLIT + i: the ticket itself.
+    tl.store(max_ptr + ticket, chunk_max)
+    tl.store(sum_ptr + ticket, tl.sum(numerator, axis=0))
+    # Every thread's part of the block reductions is done before one thread publishes the partials.
+    tl.debug_barrier()
+    # acq_rel: the last program to arrive does not spin, and must still see the others' partials.
+    arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel") + 1
+    spins = 0
+    while (arrived < SPLIT) & (spins < SPLIT_MAX_SPINS):
+        arrived = tl.atomic_add(count_ptr + row, 0, sem="acquire")
+        spins += 1
+    parts = row64 * SPLIT + tl.arange(0, SPLIT)
+    maxes = tl.load(max_ptr + parts, volatile=True)  # volatile: from L2, not a stale L1 line
+    sums = tl.load(sum_ptr + parts, volatile=True)
+    row_max = tl.max(maxes, axis=0)
+    total = tl.sum(tl.where(maxes == -float("inf"), 0.0, sums * tl.exp(maxes - row_max)), axis=0)
+    total = tl.where(arrived >= SPLIT, total, float("nan"))  # gave up waiting: NaN, never a wrong number
+    y = numerator * (tl.exp(ref - row_max) / total)
+    tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 @dataclass(frozen=True)
 class SoftmaxLaunch:
-    looped: bool  # softmax_looped_kernel (one row per program, BLOCK_N columns per step) or softmax_kernel
-    block_m: int  # rows per program (1 for the looped kernel)
-    block_n: int
+    kernel: str  # fused (softmax_kernel) | split (softmax_split_kernel) | looped (softmax_looped_kernel)
+    block_m: int  # rows per program (1 for the split and looped kernels)
+    block_n: int  # columns per program (fused, split) or per step (looped)
     num_warps: int
+    split: int = 1  # programs per row (split kernel)
 
     @property
     def label(self) -> str:
-        if self.looped:
+        if self.kernel == "looped":
             return f"looped BLOCK_N={self.block_n} num_warps={self.num_warps}"
+        if self.kernel == "split":
+            return f"split SPLIT={self.split} BLOCK_N={self.block_n} num_warps={self.num_warps}"
         return f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} num_warps={self.num_warps}"
 
     def overrides(self) -> dict[str, int | None]:
         """The keyword arguments of :func:`softmax` that make exactly this launch."""
-        return {"rows_per_program": self.block_m, "num_warps": self.num_warps,
-                "looped_block": self.block_n if self.looped else None}
+        return {"rows_per_program": self.block_m if self.kernel == "fused" else None, "num_warps": self.num_warps,
+                "looped_block": self.block_n if self.kernel == "looped" else None,
+                "split": self.split if self.kernel == "split" else None}
 
 
 # The tuning sweep's space (gpulab.bench.tune): rows per program from a quarter to four times launch_choice's,
 # threads per program as the sweeps that set SOFTMAX measured them, and the looped kernel's blocks for rows at
-# least LOOPED_MIN_COLS wide (at 4096x16384 the fused and looped kernels were within a few percent).
+# least LOOPED_MIN_COLS wide (at 4096x16384 the fused and looped kernels were within a few percent). Rows wider
+# than a program's budget also try one to four times launch_choice's SPLIT at 4 to 64 elements per thread.
 TUNE_ROWS_FACTORS = (0.25, 0.5, 1, 2, 4)
 TUNE_THREADS = (128, 256, 512, 1024)
 TUNE_LOOPED_BLOCKS = (2048, 4096, 8192)
 TUNE_LOOPED_THREADS = (256, 512, 1024)
+TUNE_SPLIT_FACTORS = (1, 2, 4)
+TUNE_SPLIT_ELEMS_PER_THREAD = (4, 64)
 LOOPED_MIN_COLS = 4096
 
 
@@ -105,16 +162,47 @@ def launch_candidates(n_rows: int, n_cols: int, itemsize: int, target: Target) -
     block_n = triton.next_power_of_2(n_cols)
     out = [pick]
     if block_n <= config.max_fused_cols:
-        base = pick.block_m if not pick.looped else 1
+        base = pick.block_m if pick.kernel == "fused" else 1
         for m in sorted({max(1, int(base * f)) for f in TUNE_ROWS_FACTORS}):
             m = min(triton.next_power_of_2(m), triton.next_power_of_2(n_rows))
             for threads in TUNE_THREADS:
                 if m * block_n <= config.max_fused_cols and threads <= m * block_n:
-                    out.append(SoftmaxLaunch(False, m, block_n, max(1, threads // target.warp_size)))
+                    out.append(SoftmaxLaunch("fused", m, block_n, max(1, threads // target.warp_size)))
+    if pick.kernel == "split":
+        out += _split_candidates(n_cols, pick.split, target)
     if block_n >= LOOPED_MIN_COLS:
         for block in (b for b in TUNE_LOOPED_BLOCKS if b <= block_n):
-            out += [SoftmaxLaunch(True, 1, block, max(1, t // target.warp_size)) for t in TUNE_LOOPED_THREADS]
+            out += [SoftmaxLaunch("looped", 1, block, max(1, t // target.warp_size)) for t in TUNE_LOOPED_THREADS]
     return list(dict.fromkeys(out))
+
+
+def _split_candidates(n_cols: int, split: int, target: Target) -> list[SoftmaxLaunch]:
+    out = []
+    low, high = TUNE_SPLIT_ELEMS_PER_THREAD
+    for s in (split * f for f in TUNE_SPLIT_FACTORS):
+        if split_problem(n_cols, s, target):
+            continue
+        block = triton.next_power_of_2(triton.cdiv(n_cols, s))
+        out += [SoftmaxLaunch("split", 1, block, t // target.warp_size, s) for t in TUNE_THREADS
+                if low <= block // t <= high]
+    return out
+
+
+def split_problem(n_cols: int, split: int, target: Target) -> str:
+    """Why ``softmax_split_kernel`` cannot take rows of ``n_cols`` in ``split`` programs each; empty if it can.
+    Its programs wait for each other, so all of a row's must be able to run at once: at most one per SM or CU
+    (a chunk is sized to one program's register budget, which fits an SM), and not in the interpreter."""
+    limit = softmax_config(target).max_fused_cols
+    block = triton.next_power_of_2(triton.cdiv(n_cols, split))
+    if split < 2 or split & (split - 1):
+        return f"SPLIT={split} is not a power of two >= 2"
+    if block > limit:
+        return f"a chunk of {block} columns is wider than one program's {limit}"
+    if target.backend == "interpreter":
+        return "the interpreter runs programs one at a time, and the split kernel's programs wait for each other"
+    if target.units and split > target.units:
+        return f"SPLIT={split} programs per row exceed the {target.units} SMs/CUs that surely run them at once"
+    return ""
 
 
 def launch_choice(
@@ -126,18 +214,44 @@ def launch_choice(
     rows_per_program: int | None = None,
     num_warps: int | None = None,
     looped_block: int | None = None,
+    split: int | None = None,
 ) -> SoftmaxLaunch:
-    """Kernel and blocks for one input: what ``softmax`` launches and what the ahead-of-time compile covers."""
+    """Kernel and blocks for one input: what ``softmax`` launches and what the ahead-of-time compile covers.
+    Rows that fit one program are fused; wider ones are split over the fewest programs (a power of two) whose
+    chunks fit, or looped where splitting is not possible (see :func:`split_problem`). An explicit ``split``
+    or ``looped_block`` picks that kernel; an impossible ``split`` raises ValueError."""
     config = softmax_config(target)
     block_n = triton.next_power_of_2(n_cols)
-    if block_n <= config.max_fused_cols and looped_block is None:
+    fused = block_n <= config.max_fused_cols
+    if split is None and looped_block is None and not fused:
+        candidate = triton.next_power_of_2(triton.cdiv(n_cols, config.max_fused_cols))
+        split = None if split_problem(n_cols, candidate, target) else candidate
+    if split is not None:
+        problem = split_problem(n_cols, split, target)
+        if problem:
+            raise ValueError(f"softmax: cannot split rows of {n_cols} columns: {problem}")
+        block = triton.next_power_of_2(triton.cdiv(n_cols, split))
+        warps = num_warps or config.num_warps(block, target.warp_size)
+        return SoftmaxLaunch("split", block_m=1, block_n=block, num_warps=warps, split=split)
+    if fused and looped_block is None:
         block_m = rows_per_program or config.rows_per_program(block_n)
         block_m = min(triton.next_power_of_2(block_m), triton.next_power_of_2(n_rows))
         warps = num_warps or config.num_warps(block_m * block_n, target.warp_size)
-        return SoftmaxLaunch(looped=False, block_m=block_m, block_n=block_n, num_warps=warps)
+        return SoftmaxLaunch("fused", block_m=block_m, block_n=block_n, num_warps=warps)
     block = looped_block or config.looped_block(itemsize)
     warps = num_warps or config.num_warps(block, target.warp_size)
-    return SoftmaxLaunch(looped=True, block_m=1, block_n=block, num_warps=warps)
+    return SoftmaxLaunch("looped", block_m=1, block_n=block, num_warps=warps)
+
+
+def split_workspace(n_rows: int, split: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The split kernel's ticket, per-row arrival counts and per-chunk max and sum: one zeroed allocation per
+    call, made inside the timed call since it is part of the op's cost. Sections start 16 bytes apart."""
+    import torch
+
+    head = 4 + triton.cdiv(n_rows, 4) * 4
+    ws = torch.zeros(head + 2 * n_rows * split, dtype=torch.int32, device=device)
+    partials = ws[head:].view(torch.float32)
+    return ws[:1], ws[4:4 + n_rows], partials[:n_rows * split], partials[n_rows * split:]
 
 
 def softmax(
@@ -147,6 +261,7 @@ def softmax(
     rows_per_program: int | None = None,
     num_warps: int | None = None,
     looped_block: int | None = None,
+    split: int | None = None,
 ) -> torch.Tensor:
     """Softmax over the last dimension of a 2-D GPU tensor (row stride may exceed the width)."""
     if x.ndim != 2 or x.stride(1) != 1:
@@ -158,8 +273,12 @@ def softmax(
     if n_rows == 0 or n_cols == 0:
         return y
     launch = launch_choice(n_rows, n_cols, x.element_size(), current_target(), rows_per_program=rows_per_program,
-                           num_warps=num_warps, looped_block=looped_block)
-    if launch.looped:
+                           num_warps=num_warps, looped_block=looped_block, split=split)
+    if launch.kernel == "split":
+        softmax_split_kernel[(n_rows * launch.split,)](
+            x, y, *split_workspace(n_rows, launch.split, x.device), n_cols, x.stride(0), y.stride(0),
+            SPLIT=launch.split, BLOCK_N=launch.block_n, num_warps=launch.num_warps)
+    elif launch.kernel == "looped":
         softmax_looped_kernel[(n_rows,)](x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=launch.block_n,
                                          num_warps=launch.num_warps)
     else:

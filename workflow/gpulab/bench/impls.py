@@ -199,7 +199,7 @@ def softmax_cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tenso
 
 @register("softmax", "triton", writes_out=True, availability=triton_unavailable)
 def softmax_triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """kernels/triton/softmax.py (fused rows; looped online softmax for rows wider than a block)."""
+    """kernels/triton/softmax.py (fused rows; rows wider than a program split over several programs)."""
     from gpulab.kernels.triton.softmax import softmax
 
     (x,) = inputs

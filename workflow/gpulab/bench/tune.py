@@ -36,7 +36,8 @@ TUNE_TRITON = TableSchema(
     "tune_triton",
     (
         Column("config", "str", "the launch: BLOCK_SIZE and num_warps (gelu, add); BLOCK_M, BLOCK_N and num_warps "
-               "of the fused kernel or BLOCK_N and num_warps of the looped one (softmax); empty when skipped"),
+               "of the fused kernel, SPLIT, BLOCK_N and num_warps of the split one or BLOCK_N and num_warps of the "
+               "looped one (softmax); empty when skipped"),
         Column("picked", "bool", "the launch the benchmark makes for this case: Triton's autotuner pick in the "
                "benchmark's own call (gelu, add), launch_choice (softmax)"),
         Column("fastest", "bool", "the lowest median time of the case's ok candidates"),
