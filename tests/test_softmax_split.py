@@ -20,29 +20,32 @@ INTERPRETER = Target("interpreter", 32)
 
 
 @pytest.mark.parametrize("target", [H100, MI300], ids=["nvidia", "cdna"])
-def test_wide_rows_are_split_into_chunks_one_program_holds(target):
-    budget = softmax_config(target).max_fused_cols
+def test_wide_rows_are_split_into_chunks_of_the_measured_size(target):
+    config = softmax_config(target)
+    chunk, threads = config.split_elems, config.split_elems // config.split_elems_per_thread
     for itemsize in (4, 2):
         assert launch_choice(2048, 131072, itemsize, target) == SoftmaxLaunch(
-            "split", 1, budget, 1024 // target.warp_size, split=8)
-        ragged = launch_choice(3, 100003, itemsize, target)  # 100003 / 8 rounds up to the budget
-        assert (ragged.kernel, ragged.split, ragged.block_n) == ("split", 8, budget)
-        assert launch_choice(4, budget * 2, itemsize, target).split == 2
+            "split", 1, chunk, threads // target.warp_size, split=131072 // chunk)
+        ragged = launch_choice(3, 100003, itemsize, target)  # 100003 / 16 rounds up to the chunk
+        assert (ragged.kernel, ragged.split, ragged.block_n) == ("split", 16, chunk)
+        assert launch_choice(4, chunk * 4, itemsize, target).split == 4
+        budget = config.max_fused_cols
         assert launch_choice(4096, budget, itemsize, target).kernel == "fused"  # fits: one program per row
 
 
 def test_split_is_bounded_by_the_programs_the_device_runs_at_once():
     small = Target("cuda", 32, "sm_90", units=4)
-    assert launch_choice(8, 65536, 4, small).split == 4  # 4 programs per row on 4 SMs: allowed
-    assert launch_choice(8, 131072, 4, small).kernel == "looped"  # 8 would wait on programs that may never run
+    assert launch_choice(8, 32768, 4, small).split == 4  # 4 programs per row on 4 SMs: allowed
+    assert launch_choice(8, 65536, 4, small).kernel == "looped"  # 8 would wait on programs that may never run
     with pytest.raises(ValueError, match="exceed the 4 SMs/CUs"):
-        launch_choice(8, 131072, 4, small, split=8)
+        launch_choice(8, 65536, 4, small, split=8)
     with pytest.raises(ValueError, match="power of two"):
         launch_choice(8, 131072, 4, H100, split=12)
     with pytest.raises(ValueError, match="wider than one program"):
-        launch_choice(8, 131072, 4, H100, split=4)
+        launch_choice(8, 131072, 4, H100, split=4)  # 32768 fp32 columns a program
+    assert launch_choice(8, 131072, 2, H100, split=4).block_n == 32768  # the same bytes in bf16: allowed
     # A target without a known unit count (ahead-of-time compiles) is not bounded.
-    assert launch_choice(8, 1 << 24, 4, Target("cuda", 32, "sm_90")).split == 1024
+    assert launch_choice(8, 1 << 24, 4, Target("cuda", 32, "sm_90")).split == 2048
 
 
 def test_the_interpreter_never_splits():
@@ -54,7 +57,7 @@ def test_the_interpreter_never_splits():
 
 def test_split_labels_and_overrides_round_trip():
     found = [c for c in launch_candidates(2048, 131072, 4, H100) if c.kernel == "split"]
-    assert {c.split for c in found} == {8, 16, 32}
+    assert {c.split for c in found} == {8, 16, 32, 64}
     for launch in found:
         assert launch.label == f"split SPLIT={launch.split} BLOCK_N={launch.block_n} num_warps={launch.num_warps}"
         assert launch_choice(2048, 131072, 4, H100, **launch.overrides()) == launch

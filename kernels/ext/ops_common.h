@@ -29,14 +29,17 @@ enum class DType : int { Float = 0, Half = 1, BFloat16 = 2 };
 
 // Softmax rows up to kSoftmaxBlockElems elements are held in the registers of one block (1024 threads x 16
 // elements, as the Triton kernel's table has it). Wider rows are split over `split` blocks that each hold a chunk
-// of that size and exchange their (max, sum) through a zeroed workspace that ops.cpp allocates; the blocks of a
-// row wait for each other, so all of them must be able to run at once: split <= the device's SMs / CUs (`units`).
-// Returns 1 (no split needed), the split, or 0 where it cannot be done (the looped kernel then reads twice).
+// of kSoftmaxSplitElems (256 threads x 32 elements: the Triton split kernel's fastest launch on an H100 at
+// 2048x131072, fp32 and bf16) and exchange their (max, sum) through a zeroed workspace that ops.cpp allocates;
+// the blocks of a row wait for each other, so all of them must be able to run at once: split <= the device's
+// SMs / CUs (`units`). Returns 1 (no split needed), the split, or 0 where it cannot be done (the looped kernel
+// then reads twice).
 constexpr int64_t kSoftmaxBlockElems = 16384;
+constexpr int64_t kSoftmaxSplitElems = 8192;
 
 GPULAB_HOST_DEVICE inline int64_t softmax_split(int64_t rows, int64_t cols, int units) {
     if (cols <= kSoftmaxBlockElems) return 1;
-    const int64_t split = (cols + kSoftmaxBlockElems - 1) / kSoftmaxBlockElems;
+    const int64_t split = (cols + kSoftmaxSplitElems - 1) / kSoftmaxSplitElems;
     return split <= units && rows * split <= INT_MAX ? split : 0;
 }
 

@@ -153,6 +153,12 @@ class SoftmaxConfig:
     max_fused_cols: int  # widest row (or split chunk) one program keeps in registers
     elems_per_thread: int  # sets num_warps from the block size
     max_threads: int
+    split_elems: int = 8192  # columns per program of the split kernel (rows wider than max_fused_cols)
+    split_elems_per_thread: int = 32
+
+    def split_warps(self, block_n: int, warp_size: int) -> int:
+        threads = min(self.max_threads, max(warp_size, block_n // self.split_elems_per_thread))
+        return max(1, threads // warp_size)
 
     def num_warps(self, block_elems: int, warp_size: int) -> int:
         threads = min(self.max_threads, max(warp_size, block_elems // self.elems_per_thread))
@@ -168,7 +174,9 @@ class SoftmaxConfig:
 
 # Measured on an H100 (sweep of rows per program x warps at 16384x1024, 65536x256, 4096x16384): about
 # 2048 elements per program at 16 per thread for short rows, one row per program with 1024 threads
-# (16384 columns) for wide ones.
+# (16384 columns) for wide ones. Wider rows (the split kernel, `snakemake tune_triton` at 2048x131072): 8192
+# columns per program at 32 per thread was the fastest launch for fp32 (95.6% of a copy) and bf16 (84.7%),
+# ahead of 16384 at 16 per thread (93.1%, 75.2%). The AMD families take the same values, not measured there.
 SOFTMAX = {
     "nvidia": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
     "cdna": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),

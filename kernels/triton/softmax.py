@@ -149,7 +149,7 @@ TUNE_ROWS_FACTORS = (0.25, 0.5, 1, 2, 4)
 TUNE_THREADS = (128, 256, 512, 1024)
 TUNE_LOOPED_BLOCKS = (2048, 4096, 8192)
 TUNE_LOOPED_THREADS = (256, 512, 1024)
-TUNE_SPLIT_FACTORS = (1, 2, 4)
+TUNE_SPLIT_FACTORS = (0.5, 1, 2, 4)
 TUNE_SPLIT_ELEMS_PER_THREAD = (4, 64)
 LOOPED_MIN_COLS = 4096
 
@@ -169,18 +169,18 @@ def launch_candidates(n_rows: int, n_cols: int, itemsize: int, target: Target) -
                 if m * block_n <= config.max_fused_cols and threads <= m * block_n:
                     out.append(SoftmaxLaunch("fused", m, block_n, max(1, threads // target.warp_size)))
     if pick.kernel == "split":
-        out += _split_candidates(n_cols, pick.split, target)
+        out += _split_candidates(n_cols, pick.split, itemsize, target)
     if block_n >= LOOPED_MIN_COLS:
         for block in (b for b in TUNE_LOOPED_BLOCKS if b <= block_n):
             out += [SoftmaxLaunch("looped", 1, block, max(1, t // target.warp_size)) for t in TUNE_LOOPED_THREADS]
     return list(dict.fromkeys(out))
 
 
-def _split_candidates(n_cols: int, split: int, target: Target) -> list[SoftmaxLaunch]:
+def _split_candidates(n_cols: int, split: int, itemsize: int, target: Target) -> list[SoftmaxLaunch]:
     out = []
     low, high = TUNE_SPLIT_ELEMS_PER_THREAD
-    for s in (split * f for f in TUNE_SPLIT_FACTORS):
-        if split_problem(n_cols, s, target):
+    for s in (int(split * f) for f in TUNE_SPLIT_FACTORS):
+        if split_problem(n_cols, s, target, itemsize):
             continue
         block = triton.next_power_of_2(triton.cdiv(n_cols, s))
         out += [SoftmaxLaunch("split", 1, block, t // target.warp_size, s) for t in TUNE_THREADS
@@ -188,11 +188,12 @@ def _split_candidates(n_cols: int, split: int, target: Target) -> list[SoftmaxLa
     return out
 
 
-def split_problem(n_cols: int, split: int, target: Target) -> str:
+def split_problem(n_cols: int, split: int, target: Target, itemsize: int = 4) -> str:
     """Why ``softmax_split_kernel`` cannot take rows of ``n_cols`` in ``split`` programs each; empty if it can.
     Its programs wait for each other, so all of a row's must be able to run at once: at most one per SM or CU
-    (a chunk is sized to one program's register budget, which fits an SM), and not in the interpreter."""
-    limit = softmax_config(target).max_fused_cols
+    (a chunk is sized to one program's register budget, which fits an SM), and not in the interpreter. The
+    budget is in bytes of the input: a 2-byte dtype's chunk may hold twice the elements."""
+    limit = softmax_config(target).max_fused_cols * max(1, 4 // itemsize)
     block = triton.next_power_of_2(triton.cdiv(n_cols, split))
     if split < 2 or split & (split - 1):
         return f"SPLIT={split} is not a power of two >= 2"
@@ -217,21 +218,22 @@ def launch_choice(
     split: int | None = None,
 ) -> SoftmaxLaunch:
     """Kernel and blocks for one input: what ``softmax`` launches and what the ahead-of-time compile covers.
-    Rows that fit one program are fused; wider ones are split over the fewest programs (a power of two) whose
-    chunks fit, or looped where splitting is not possible (see :func:`split_problem`). An explicit ``split``
-    or ``looped_block`` picks that kernel; an impossible ``split`` raises ValueError."""
+    Rows that fit one program are fused; wider ones are split into chunks of about the family's
+    ``split_elems`` (a power of two of programs per row), or looped where splitting is not possible (see
+    :func:`split_problem`). An explicit ``split`` or ``looped_block`` picks that kernel; an impossible
+    ``split`` raises ValueError."""
     config = softmax_config(target)
     block_n = triton.next_power_of_2(n_cols)
     fused = block_n <= config.max_fused_cols
     if split is None and looped_block is None and not fused:
-        candidate = triton.next_power_of_2(triton.cdiv(n_cols, config.max_fused_cols))
+        candidate = triton.next_power_of_2(triton.cdiv(n_cols, config.split_elems))
         split = None if split_problem(n_cols, candidate, target) else candidate
     if split is not None:
-        problem = split_problem(n_cols, split, target)
+        problem = split_problem(n_cols, split, target, itemsize)
         if problem:
             raise ValueError(f"softmax: cannot split rows of {n_cols} columns: {problem}")
         block = triton.next_power_of_2(triton.cdiv(n_cols, split))
-        warps = num_warps or config.num_warps(block, target.warp_size)
+        warps = num_warps or config.split_warps(block, target.warp_size)
         return SoftmaxLaunch("split", block_m=1, block_n=block, num_warps=warps, split=split)
     if fused and looped_block is None:
         block_m = rows_per_program or config.rows_per_program(block_n)
