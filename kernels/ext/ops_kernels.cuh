@@ -273,8 +273,10 @@ __device__ __forceinline__ void store_chunk(T* __restrict__ row, int64_t j, cons
 }
 
 // Softmax of one row held in registers: ITERS chunks of V elements per thread, chunk j = it * stride + first.
-// `reduce_max` and `reduce_sum` combine the threads that share the row (a warp, or a block).
-template <typename T, int ITERS, bool VEC, typename ReduceMax, typename ReduceSum>
+// `reduce_max` and `reduce_sum` combine the threads that share the row (a warp, or a block). FAST_EXP takes the
+// hardware exp2 approximation (__expf), as Triton's tl.exp does, instead of the accurate expf: the split kernel
+// holds 32 elements a thread and spends its time between waits on arithmetic.
+template <typename T, int ITERS, bool VEC, bool FAST_EXP = false, typename ReduceMax, typename ReduceSum>
 __device__ __forceinline__ void softmax_row_in_registers(const T* __restrict__ xr, T* __restrict__ yr,
                                                          int64_t chunks, int64_t first, int64_t stride,
                                                          ReduceMax reduce_max, ReduceSum reduce_sum) {
@@ -298,7 +300,7 @@ __device__ __forceinline__ void softmax_row_in_registers(const T* __restrict__ x
         if (j < chunks) {
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-                v[it][k] = expf(v[it][k] - mx);
+                v[it][k] = FAST_EXP ? __expf(v[it][k] - mx) : expf(v[it][k] - mx);
                 sum += v[it][k];
             }
         }
@@ -510,7 +512,7 @@ softmax_split_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols, i
     const int64_t offset = static_cast<int64_t>(ticket / split) * cols + chunk * kSoftmaxSplitElems;
     const int64_t left = cols / V - chunk * kChunk;  // the row's last chunk may be shorter
     float chunk_max = -INFINITY, ref = 0.0f;
-    softmax_row_in_registers<T, kSplitElemsPerThread / V, VEC>(
+    softmax_row_in_registers<T, kSplitElemsPerThread / V, VEC, true>(
         x + offset, y + offset, left < kChunk ? left : kChunk, threadIdx.x, blockDim.x,
         [&](float m) {
             chunk_max = block_reduce<WARP>(m, smem[0], MaxOp{}, -INFINITY);
