@@ -497,12 +497,10 @@ __device__ __forceinline__ float split_row_sum(float chunk_max, float chunk_sum,
 // (bf16) of a copy at 2048x131072 on an H100, 83% and 57% at two blocks per SM.
 constexpr int kSplitThreads = 256;
 constexpr int kSplitElemsPerThread = 32;
-// At least four blocks an SM (at most 64 registers a thread on NVIDIA): the Triton kernel's occupancy.
-constexpr int kSplitBlocksPerSm = 4;
 static_assert(kSoftmaxSplitElems == kSplitThreads * kSplitElemsPerThread, "one block holds one chunk");
 
 template <typename T, int WARP, bool VEC>
-__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm)
+__global__ void __launch_bounds__(kSplitThreads)
 softmax_split_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols, int split, SplitWorkspace ws) {
     constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
     constexpr int64_t kChunk = kSoftmaxSplitElems / V;  // vectors (or elements) per chunk
