@@ -446,11 +446,13 @@ def above_ceiling(gbps: float, ceiling: Hit, row_spread: float) -> bool:
 
 def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
     """Each bandwidth-bound ok row's ceiling raised to the fastest row of the same pattern, dtype and tensor size
-    where that row beat every dedicated method. Those rows move exactly the pattern's bytes, so the fastest of
-    them is as much a measured limit as a copy is; ``dedicated_ceiling_gbps`` keeps the methods' figure and
-    ``above_ceiling`` stays judged against it (a row far beyond the methods is still a red flag)."""
+    where that row beat every dedicated method within the spread of both. Those rows move exactly the pattern's
+    bytes, so the fastest of them is as much a measured limit as a copy is; ``dedicated_ceiling_gbps`` keeps the
+    methods' figure and ``above_ceiling`` stays judged against it. A row beyond that spread raises nothing: it
+    stays above 100% and red, as a ceiling (or a timing) not to be trusted."""
     df = rows.assign(dedicated_ceiling_gbps=rows["ceiling_gbps"])
-    judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna()
+    above = df["above_ceiling"].astype(str).str.lower() == "true"
+    judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna() & ~above
     keys = ["pattern", "dtype", "tensor_bytes"]
     for _, group in df[judged].groupby(keys):
         fastest = group.loc[group["gbps"].idxmax()]
