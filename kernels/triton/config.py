@@ -156,12 +156,8 @@ class SoftmaxConfig:
     split_elems: int = 8192  # columns per program of the split kernel (rows wider than max_fused_cols)
     split_elems_per_thread: int = 32
 
-    def split_warps(self, block_n: int, warp_size: int) -> int:
-        threads = min(self.max_threads, max(warp_size, block_n // self.split_elems_per_thread))
-        return max(1, threads // warp_size)
-
-    def num_warps(self, block_elems: int, warp_size: int) -> int:
-        threads = min(self.max_threads, max(warp_size, block_elems // self.elems_per_thread))
+    def num_warps(self, block_elems: int, warp_size: int, elems_per_thread: int | None = None) -> int:
+        threads = min(self.max_threads, max(warp_size, block_elems // (elems_per_thread or self.elems_per_thread)))
         return max(1, triton.next_power_of_2(threads // warp_size))
 
     def rows_per_program(self, block_n: int) -> int:

@@ -233,7 +233,7 @@ def launch_choice(
         if problem:
             raise ValueError(f"softmax: cannot split rows of {n_cols} columns: {problem}")
         block = triton.next_power_of_2(triton.cdiv(n_cols, split))
-        warps = num_warps or config.split_warps(block, target.warp_size)
+        warps = num_warps or config.num_warps(block, target.warp_size, config.split_elems_per_thread)
         return SoftmaxLaunch("split", block_m=1, block_n=block, num_warps=warps, split=split)
     if fused and looped_block is None:
         block_m = rows_per_program or config.rows_per_program(block_n)
