@@ -212,7 +212,7 @@ at::Tensor softmax_rows_gpu(const at::Tensor& x) {
     check_launch(device_units(x.get_device(), &units), "softmax_rows", x);
     // Rows wider than one block are split over several blocks that exchange partials through a zeroed
     // workspace: allocated per call, so its cost is the operator's.
-    const int64_t split = softmax_split(x.size(0), x.size(1), units);
+    const int64_t split = softmax_split(x.size(0), x.size(1), x.element_size(), units);
     at::Tensor workspace;
     if (split > 1) workspace = at::zeros({softmax_workspace_words(x.size(0), split)}, x.options().dtype(at::kInt));
     check_launch(launch_softmax_rows(device_dtype(x), x.const_data_ptr(), out.mutable_data_ptr(), x.size(0),

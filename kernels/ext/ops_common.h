@@ -29,17 +29,20 @@ enum class DType : int { Float = 0, Half = 1, BFloat16 = 2 };
 
 // Softmax rows up to kSoftmaxBlockElems elements are held in the registers of one block (1024 threads x 16
 // elements, as the Triton kernel's table has it). Wider rows are split over `split` blocks that each hold a chunk
-// of kSoftmaxSplitElems (256 threads x 32 elements: the Triton split kernel's fastest launch on an H100 at
-// 2048x131072, fp32 and bf16) and exchange their (max, sum) through a zeroed workspace that ops.cpp allocates;
-// the blocks of a row wait for each other, so all of them must be able to run at once: split <= the device's
-// SMs / CUs (`units`). Returns 1 (no split needed), the split, or 0 where it cannot be done (the looped kernel
-// then reads twice).
+// of kSoftmaxSplitBytes of the input as loaded (256 threads x 128 bytes: 8192 floats, as the Triton split kernel's
+// fastest launch on an H100 at 2048x131072; 16384 elements of a 2-byte type in the same registers) and exchange
+// their (max, sum) through a zeroed workspace that ops.cpp allocates; the blocks of a row wait for each other, so
+// all of them must be able to run at once: split <= the device's SMs / CUs (`units`). Returns 1 (no split
+// needed), the split, or 0 where it cannot be done (the looped kernel then reads twice).
 constexpr int64_t kSoftmaxBlockElems = 16384;
-constexpr int64_t kSoftmaxSplitElems = 8192;
+constexpr int64_t kSoftmaxSplitBytes = 32768;
 
-GPULAB_HOST_DEVICE inline int64_t softmax_split(int64_t rows, int64_t cols, int units) {
+GPULAB_HOST_DEVICE constexpr int64_t softmax_split_elems(int64_t itemsize) { return kSoftmaxSplitBytes / itemsize; }
+
+GPULAB_HOST_DEVICE inline int64_t softmax_split(int64_t rows, int64_t cols, int64_t itemsize, int units) {
     if (cols <= kSoftmaxBlockElems) return 1;
-    const int64_t split = (cols + kSoftmaxSplitElems - 1) / kSoftmaxSplitElems;
+    const int64_t elems = softmax_split_elems(itemsize);
+    const int64_t split = (cols + elems - 1) / elems;
     return split <= units && rows * split <= INT_MAX ? split : 0;
 }
 

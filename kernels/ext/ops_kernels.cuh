@@ -16,9 +16,10 @@
 //   is still correct.
 // - Elementwise: a few 16-byte vectors per thread and input, loaded before any is used; one block per
 //   tile (a grid-stride loop only past the grid-size limit); the sub-vector tail is done by block 0.
-// - Softmax: rows up to 32 floats per lane are held in registers by one warp per row (two passes over
-//   registers, one read and one write of memory); rows up to kSoftmaxBlockElems (16 per thread of a
-//   1024-thread block, the Triton kernel's launch) by one block per row; wider rows by several blocks per
+// - Softmax: rows up to 32 floats per lane are held in registers by one warp per row, or half a warp for
+//   rows of a warp's vectors or fewer (two passes over registers, one read and one write of memory); rows
+//   up to kSoftmaxBlockElems (16 per thread of a 1024-thread block, the Triton kernel's launch) by one
+//   block per row; wider rows by several blocks per
 //   row that exchange their chunk's (max, sum) through global memory, still one read and one write; rows
 //   too wide even for that (more blocks than SMs) by an online (max, sum) pass and a normalising pass.
 #pragma once
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops_common.h"
 
@@ -313,17 +315,21 @@ __device__ __forceinline__ void softmax_row_in_registers(const T* __restrict__ x
     }
 }
 
-// One warp per row; the row lives in registers (ITERS chunks of V elements per lane).
-template <typename T, int WARP, int ITERS, bool VEC>
+// LANES lanes per row: a warp, or part of one for short rows, so that each lane holds more than one vector and
+// a warp has several rows' loads in flight. The row lives in registers (ITERS chunks of V elements per lane).
+template <typename T, int LANES, int ITERS, bool VEC>
 __global__ void __launch_bounds__(kSoftmaxWarpBlockThreads)
 softmax_warp_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t cols) {
     constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    if (row >= rows) return;
+    // A row past the end takes part in its warp's shuffles with nothing to load or store: its lanes leaving
+    // early would be missing from the other rows' exchanges.
+    const bool live = row < rows;
+    const int64_t offset = live ? row * cols : 0;
     // VEC implies cols % V == 0
     softmax_row_in_registers<T, ITERS, VEC>(
-        x + row * cols, y + row * cols, cols / V, threadIdx.x, WARP,
-        [](float m) { return warp_reduce<WARP>(m, MaxOp{}); }, [](float s) { return warp_reduce<WARP>(s, SumOp{}); });
+        x + offset, y + offset, live ? cols / V : 0, threadIdx.x, LANES,
+        [](float m) { return warp_reduce<LANES>(m, MaxOp{}); }, [](float s) { return warp_reduce<LANES>(s, SumOp{}); });
 }
 
 // One block per row; the row lives in registers (ITERS chunks of V elements per thread).
@@ -487,45 +493,118 @@ __device__ __forceinline__ float split_row_sum(float chunk_max, float chunk_sum,
     return arrived < split ? NAN : total.s * expf(total.m - ref);
 }
 
-// Rows wider than one block holds (kSoftmaxBlockElems): `split` blocks per row, each keeping a chunk of
-// kSoftmaxSplitElems elements in registers, so every element is read once and written once; the blocks of a row exchange
-// their chunk's (max, sum) through `ws`. A block takes a ticket in the order blocks start (as CUB's decoupled
-// look-back does) and works on chunk ticket % split of row ticket / split: it only ever waits for blocks of
-// its row that are running or not yet started, and with split <= SMs a slot is always free for those.
-// A chunk per block of kSplitThreads x kSplitElemsPerThread (= kSoftmaxSplitElems): small blocks, several per SM,
-// so some load while others wait for their row. 1024-thread blocks of 16 elements reached 60% (fp32) and 39%
-// (bf16) of a copy at 2048x131072 on an H100, 83% and 57% at two blocks per SM.
+// A chunk's 16-byte word as loaded, or one element of a chunk the scalar kernel holds.
+template <typename T, bool VEC>
+using Raw = std::conditional_t<VEC, uint4, T>;
+
+template <typename T, bool VEC>
+__device__ __forceinline__ Raw<T, VEC> load_raw(const T* __restrict__ row, int64_t j) {
+    if constexpr (VEC) return reinterpret_cast<const uint4*>(row)[j];
+    else return row[j];
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void raw_to_float(const Raw<T, VEC>& raw, float* dst) {
+    if constexpr (VEC) {
+        Vec<T> v;
+        memcpy(&v, &raw, sizeof(v));
+#pragma unroll
+        for (int k = 0; k < kVecBytes / static_cast<int>(sizeof(T)); ++k) dst[k] = to_float(v.v[k]);
+    } else {
+        dst[0] = to_float(raw);
+    }
+}
+
+// An empty asm statement that claims to change the word: floats converted from it before cannot be reused
+// after, so across the split kernel's wait the compiler keeps the words as loaded (a 2-byte type: two elements
+// a register) and converts them again, where it would otherwise keep one float register per element.
+__device__ __forceinline__ void reload(uint4& w) {
+#if defined(GPULAB_ROCM)
+    asm volatile("" : "+v"(w.x), "+v"(w.y), "+v"(w.z), "+v"(w.w));
+#else
+    asm volatile("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
+#endif
+}
+template <typename T>
+__device__ __forceinline__ void reload(T&) {}
+
+// Rows wider than one block holds (kSoftmaxBlockElems): `split` blocks per row, each keeping kSoftmaxSplitBytes of
+// the input in registers as loaded (softmax_split_elems: 8192 floats, 16384 2-byte elements), so every element is
+// read once and written once; the blocks of a row exchange their chunk's (max, sum) through `ws`, and each
+// computes its exponentials twice, before and after the wait, rather than hold them. A block takes a ticket in
+// the order blocks start (as CUB's decoupled look-back does) and works on chunk ticket % split of row
+// ticket / split: it only ever waits for blocks of its row that are running or not yet started, and with
+// split <= SMs a slot is always free for those.
+// Small blocks, several per SM, so some load while others wait for their row: 256 threads x 128 bytes, the
+// Triton split kernel's fastest launch for fp32 on an H100. 1024-thread blocks of 16 floats reached 60% (fp32)
+// and 39% (bf16) of a copy at 2048x131072 on an H100, 83% and 57% at two blocks per SM; 256 threads holding 32
+// floats each, also for bf16, 86% and 64%.
+// On NVIDIA five blocks an SM (at most 48 registers, the Triton kernel's count; sm_90 spills 16 bytes of fp32):
+// without the bound nvcc takes 56 for fp32 and four blocks fit. HIP reads the bound's second number differently
+// (waves per SIMD) and is left to choose. The scalar kernel (unaligned or odd rows) would spill hundreds of bytes
+// at five; at two, 16.
 constexpr int kSplitThreads = 256;
-constexpr int kSplitElemsPerThread = 32;
-static_assert(kSoftmaxSplitElems == kSplitThreads * kSplitElemsPerThread, "one block holds one chunk");
+#if defined(GPULAB_ROCM)
+constexpr int kSplitMinBlocks = 1;
+#else
+constexpr int kSplitMinBlocks = 5;
+#endif
+static_assert(kSoftmaxSplitBytes % (kSplitThreads * kVecBytes) == 0, "a chunk is whole words per thread");
 
 template <typename T, int WARP, bool VEC>
-__global__ void __launch_bounds__(kSplitThreads)
+__global__ void __launch_bounds__(kSplitThreads, VEC ? kSplitMinBlocks : 2)
 softmax_split_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t cols, int split, SplitWorkspace ws) {
     constexpr int V = VEC ? kVecBytes / sizeof(T) : 1;
-    constexpr int64_t kChunk = kSoftmaxSplitElems / V;  // vectors (or elements) per chunk
-    __shared__ float smem[4][kMaxBlockThreads / 32];
+    constexpr int ITERS = kSoftmaxSplitBytes / (kSplitThreads * V * sizeof(T));
+    constexpr int64_t kChunk = kSplitThreads * ITERS;  // vectors (or elements) per chunk
+    static_assert(kChunk * V == softmax_split_elems(sizeof(T)), "the host splits rows into these chunks");
+    __shared__ float smem[4][kSplitThreads / 32];
     __shared__ unsigned int ticket;
     if (threadIdx.x == 0) ticket = atomicAdd(ws.ticket, 1u);
     __syncthreads();
     const int64_t chunk = ticket % split;
-    const int64_t offset = static_cast<int64_t>(ticket / split) * cols + chunk * kSoftmaxSplitElems;
+    const int64_t offset = static_cast<int64_t>(ticket / split) * cols + chunk * kChunk * V;
     const int64_t left = cols / V - chunk * kChunk;  // the row's last chunk may be shorter
-    float chunk_max = -INFINITY, ref = 0.0f;
-    softmax_row_in_registers<T, kSplitElemsPerThread / V, VEC, true>(
-        x + offset, y + offset, left < kChunk ? left : kChunk, threadIdx.x, blockDim.x,
-        [&](float m) {
-            chunk_max = block_reduce<WARP>(m, smem[0], MaxOp{}, -INFINITY);
-            // An all -inf chunk of a row with finite values gives zeros, not exp(-inf - -inf) = NaN.
-            ref = chunk_max == -INFINITY ? 0.0f : chunk_max;
-            return ref;
-        },
-        [&](float s) {
-            const float chunk_sum = block_reduce<WARP>(s, smem[1], SumOp{}, 0.0f);
-            return split_row_sum<WARP>(chunk_max, chunk_sum, ref, ticket, split, ws, smem[2], smem[3]);
-        });
+    const int64_t n = left < kChunk ? left : kChunk;
+    Raw<T, VEC> raw[ITERS];
+    float f[V];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * kSplitThreads + threadIdx.x;
+        if (j < n) raw[it] = load_raw<T, VEC>(x + offset, j);
+    }
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        if (static_cast<int64_t>(it) * kSplitThreads + threadIdx.x >= n) continue;
+        raw_to_float<T, VEC>(raw[it], f);
+#pragma unroll
+        for (int k = 0; k < V; ++k) mx = fmaxf(mx, f[k]);
+    }
+    const float chunk_max = block_reduce<WARP>(mx, smem[0], MaxOp{}, -INFINITY);
+    // An all -inf chunk of a row with finite values gives zeros, not exp(-inf - -inf) = NaN.
+    const float ref = chunk_max == -INFINITY ? 0.0f : chunk_max;
+    float sum = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        if (static_cast<int64_t>(it) * kSplitThreads + threadIdx.x >= n) continue;
+        raw_to_float<T, VEC>(raw[it], f);
+#pragma unroll
+        for (int k = 0; k < V; ++k) sum += __expf(f[k] - ref);
+    }
+    const float chunk_sum = block_reduce<WARP>(sum, smem[1], SumOp{}, 0.0f);
+    const float inv = 1.0f / split_row_sum<WARP>(chunk_max, chunk_sum, ref, ticket, split, ws, smem[2], smem[3]);
+#pragma unroll
+    for (int it = 0; it < ITERS; ++it) {
+        const int64_t j = static_cast<int64_t>(it) * kSplitThreads + threadIdx.x;
+        if (j >= n) continue;
+        reload(raw[it]);
+        raw_to_float<T, VEC>(raw[it], f);
+#pragma unroll
+        for (int k = 0; k < V; ++k) f[k] = __expf(f[k] - ref);
+        store_chunk<T, VEC>(y + offset, j, f, inv);
+    }
 }
-
 
 // ---------------------------------------------------------------------------------------------------
 // Launchers: choose the kernel for the pointers' alignment and the row length, enqueue it on `stream`.
@@ -564,12 +643,12 @@ void launch_unary(const T* x, T* out, int64_t n, Op op, Stream stream) {
     }
 }
 
-template <typename T, int WARP, int ITERS, bool VEC>
+template <typename T, int LANES, int ITERS, bool VEC>
 void launch_softmax_warp(const T* x, T* y, int64_t rows, int64_t cols, Stream stream) {
-    constexpr int rows_per_block = kSoftmaxWarpBlockThreads / WARP;
+    constexpr int rows_per_block = kSoftmaxWarpBlockThreads / LANES;
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    softmax_warp_kernel<T, WARP, ITERS, VEC>
-        <<<static_cast<unsigned>(blocks), dim3(WARP, rows_per_block), 0, stream>>>(x, y, rows, cols);
+    softmax_warp_kernel<T, LANES, ITERS, VEC>
+        <<<static_cast<unsigned>(blocks), dim3(LANES, rows_per_block), 0, stream>>>(x, y, rows, cols);
 }
 
 // Picks the kernel for a row of `chunks` chunks (vectors of V elements, or single elements).
@@ -583,7 +662,10 @@ void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, int64_t split,
     if (chunks <= static_cast<int64_t>(WARP) * kMaxIters) {
         if constexpr (VEC) {
             // Exact register footprints for the widths that matter (powers of two up to the limit).
-            if (chunks <= WARP) return launch_softmax_warp<T, WARP, 1, VEC>(x, y, rows, cols, stream);
+            // Rows of a warp's vectors or fewer: half a warp each, two vectors a lane. One vector a lane reached
+            // 94% of a size-matched copy at 65536x256 bf16 on an H100, where Triton's 8 rows of 16 elements
+            // per thread reached 99%.
+            if (chunks <= WARP) return launch_softmax_warp<T, WARP / 2, 2, VEC>(x, y, rows, cols, stream);
             if (chunks <= WARP * 2) return launch_softmax_warp<T, WARP, 2, VEC>(x, y, rows, cols, stream);
             if (chunks <= WARP * 4) return launch_softmax_warp<T, WARP, 4, VEC>(x, y, rows, cols, stream);
             if constexpr (kMaxIters >= 8) {

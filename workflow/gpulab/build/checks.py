@@ -59,7 +59,7 @@ def check_shapes(on_gpu: bool) -> dict[str, list[tuple[int, ...]]]:
                (2, 20000), (2, 40000), (1, 100003)]
     if on_gpu:
         elementwise += [(3 * (1 << 22) + 7,)]
-        softmax += [(129, 8), (1000, 256), (257, 1024), (33, 16384), (3, 65536)]
+        softmax += [(129, 8), (1000, 256), (257, 1024), (33, 16384), (2, 24576), (3, 65536), (2, 131072)]
     return {"vector_add": elementwise, "gelu_tanh": elementwise, "softmax_rows": softmax}
 
 
