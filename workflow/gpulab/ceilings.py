@@ -444,15 +444,23 @@ def above_ceiling(gbps: float, ceiling: Hit, row_spread: float) -> bool:
     return bool(gbps > allowed)
 
 
+# How far a benchmarked row may beat every dedicated method and still be taken as a faster kernel of the same
+# traffic rather than a wrong byte count or timer: an op's byte count off by one tensor is off by a third or a half,
+# while on the H100 kernels beat the methods by up to 2.4% (softmax), 0.3% beyond the spread of both (add).
+RAISE_LIMIT = 1.05
+
+
 def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
     """Each bandwidth-bound ok row's ceiling raised to the fastest row of the same pattern, dtype and tensor size
-    where that row beat every dedicated method within the spread of both. Those rows move exactly the pattern's
+    where that row beat every dedicated method by at most RAISE_LIMIT. Those rows move exactly the pattern's
     bytes, so the fastest of them is as much a measured limit as a copy is; ``dedicated_ceiling_gbps`` keeps the
-    methods' figure and ``above_ceiling`` stays judged against it. A row beyond that spread raises nothing: it
-    stays above 100% and red, as a ceiling (or a timing) not to be trusted."""
+    methods' figure, and a row that beat them beyond the spread of both is no longer ``above_ceiling`` once it is
+    the ceiling. A row beyond RAISE_LIMIT raises nothing: it stays above 100% and red, as a byte count (or a
+    timing) not to be trusted."""
     df = rows.assign(dedicated_ceiling_gbps=rows["ceiling_gbps"])
     above = df["above_ceiling"].astype(str).str.lower() == "true"
-    judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna() & ~above
+    plausible = df["gbps"] <= df["ceiling_gbps"] * RAISE_LIMIT
+    judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna() & plausible
     keys = ["pattern", "dtype", "tensor_bytes"]
     for _, group in df[judged].groupby(keys):
         fastest = group.loc[group["gbps"].idxmax()]
@@ -463,6 +471,7 @@ def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
         df.loc[beaten, "ceiling_method"] = f"{fastest['op']} {fastest['impl']} (fastest row; above every method)"
         df.loc[beaten, "ceiling_bytes"] = fastest["tensor_bytes"]
         df.loc[beaten, "pct_of_ceiling"] = 100.0 * df.loc[beaten, "gbps"] / fastest["gbps"]
+        df.loc[beaten.intersection(df.index[above]), "above_ceiling"] = False
     return df
 
 
