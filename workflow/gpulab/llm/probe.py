@@ -63,8 +63,10 @@ class PeakMemory:
         return peak, peak
 
 
-def sdpa_kernel(q_shape: Sequence[int], kv_shape: Sequence[int], causal: bool, device: str, dtype: Any) -> str:
-    """Which kernel ``scaled_dot_product_attention`` picks for these shapes, read off the profiler's op names."""
+def sdpa_kernel(q_shape: Sequence[int], kv_shape: Sequence[int], causal: bool, device: str, dtype: Any,
+                masked: bool = False) -> str:
+    """Which kernel ``scaled_dot_product_attention`` picks for these shapes (and a boolean key mask, if
+    ``masked``), read off the profiler's op names."""
     import torch
     import torch.nn.functional as F
     from torch.profiler import ProfilerActivity, profile
@@ -72,9 +74,11 @@ def sdpa_kernel(q_shape: Sequence[int], kv_shape: Sequence[int], causal: bool, d
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(*q_shape, device=device, dtype=dtype, generator=gen)
     k = torch.randn(*kv_shape, device=device, dtype=dtype, generator=gen)
+    mask = torch.ones(1, kv_shape[2], dtype=torch.bool, device=device) if masked else None
     try:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
-            F.scaled_dot_product_attention(q, k, k, is_causal=causal, enable_gqa=q_shape[1] != kv_shape[1])
+            F.scaled_dot_product_attention(q, k, k, attn_mask=mask, is_causal=causal,
+                                           enable_gqa=q_shape[1] != kv_shape[1])
     except Exception as exc:  # a probe failure is a recorded answer, not a crash
         return f"unknown ({type(exc).__name__})"
     seen = {e.name for e in prof.events()}
