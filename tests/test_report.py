@@ -212,6 +212,23 @@ def test_llm_headline_is_decode_of_the_studys_model_not_prefill_or_the_tiny_mode
     assert not llm_headline(ResultsIndex(tmp_path), "absent").measured
 
 
+def test_gelu_headline_says_when_its_row_set_the_ceiling_it_is_placed_against():
+    """On the H100 the best GeLU row beat every copy method at its size: its 100% is of itself, and the copy card
+    beside it shows less, so the card must say so."""
+    from gpulab.report.sections.summary import gelu_headline
+
+    bench = Path(__file__).parent / "fixtures" / "bench"
+    headline = gelu_headline(ResultsIndex(bench), "h100")
+    table = pd.read_csv(bench / "h100/bench/gelu.csv")
+    best = table.loc[table["gbps"].idxmax()]
+    assert headline.value == pytest.approx(best["gbps"]) and headline.pct <= 100.0
+    if "fastest row" in best["ceiling_method"]:
+        assert headline.pct_of.startswith("the ceiling at its size, which this row set")
+        assert f"{best['dedicated_ceiling_gbps']:,.0f} GB/s" in headline.pct_of
+    else:
+        assert headline.pct_of == "measured copy ceiling (1 read + 1 write)"
+
+
 def test_environment_draws_each_backends_stack_in_its_layers(tmp_path, fixtures):
     """The recorded H100 ldd (CUDA) beside the study's ROCm ldd: runtimes side by side, HSA only on ROCm."""
     from gpulab.report.render import ReportContext, environment

@@ -95,7 +95,16 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
     if row is None:
         return base
     return Headline(base.key, base.label, base.unit, float(row["gbps"]), _describe(row, ("impl", "dtype", "size")),
-                    _pct(row, ("pct_of_ceiling",)), base.pct_of)
+                    _pct(row, ("pct_of_ceiling",)), _gelu_ceiling_words(row, base.pct_of))
+
+
+def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
+    """What the best GeLU row's percentage is of: where it beat every copy method at its size, it is that size's
+    ceiling itself (gpulab.ceilings.raise_to_fastest), and the copy card beside it shows less."""
+    dedicated = pd.to_numeric(pd.Series([row.get("dedicated_ceiling_gbps")]), errors="coerce").iloc[0]
+    if "fastest row" not in str(row.get("ceiling_method", "")) or pd.isna(dedicated):
+        return default
+    return f"the ceiling at its size, which this row set: the copy methods reached {dedicated:,.0f} GB/s there"
 
 
 def llm_headline(results: ResultsIndex, target: str) -> Headline:
