@@ -252,16 +252,32 @@ __device__ __forceinline__ float block_reduce(float v, float* smem, Op op, float
     return warp_reduce<WARP>(v, op);
 }
 
-// Chunk j of a row: 16-byte vector j (VEC) or element j.
+// A chunk's 16-byte word as loaded, or one element of a chunk the scalar kernel holds.
 template <typename T, bool VEC>
-__device__ __forceinline__ void load_chunk(const T* __restrict__ row, int64_t j, float* dst) {
+using Raw = std::conditional_t<VEC, uint4, T>;
+
+template <typename T, bool VEC>
+__device__ __forceinline__ Raw<T, VEC> load_raw(const T* __restrict__ row, int64_t j) {
+    if constexpr (VEC) return reinterpret_cast<const uint4*>(row)[j];
+    else return row[j];
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void raw_to_float(const Raw<T, VEC>& raw, float* dst) {
     if constexpr (VEC) {
-        const Vec<T> v = load_vec(row, j);
+        Vec<T> v;
+        memcpy(&v, &raw, sizeof(v));
 #pragma unroll
         for (int k = 0; k < kVecBytes / static_cast<int>(sizeof(T)); ++k) dst[k] = to_float(v.v[k]);
     } else {
-        dst[0] = to_float(row[j]);
+        dst[0] = to_float(raw);
     }
+}
+
+// Chunk j of a row as floats: 16-byte vector j (VEC) or element j.
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ row, int64_t j, float* dst) {
+    raw_to_float<T, VEC>(load_raw<T, VEC>(row, j), dst);
 }
 
 template <typename T, bool VEC>
@@ -510,28 +526,6 @@ __device__ __forceinline__ float split_row_sum(float chunk_max, float chunk_sum,
     for (int i = threadIdx.x; i < split; i += blockDim.x) acc.merge(maxes[i], sums[i]);
     const OnlineSoftmax total = block_reduce_online<WARP>(acc, smem_m, smem_s);
     return arrived < split ? NAN : total.s * expf(total.m - ref);
-}
-
-// A chunk's 16-byte word as loaded, or one element of a chunk the scalar kernel holds.
-template <typename T, bool VEC>
-using Raw = std::conditional_t<VEC, uint4, T>;
-
-template <typename T, bool VEC>
-__device__ __forceinline__ Raw<T, VEC> load_raw(const T* __restrict__ row, int64_t j) {
-    if constexpr (VEC) return reinterpret_cast<const uint4*>(row)[j];
-    else return row[j];
-}
-
-template <typename T, bool VEC>
-__device__ __forceinline__ void raw_to_float(const Raw<T, VEC>& raw, float* dst) {
-    if constexpr (VEC) {
-        Vec<T> v;
-        memcpy(&v, &raw, sizeof(v));
-#pragma unroll
-        for (int k = 0; k < kVecBytes / static_cast<int>(sizeof(T)); ++k) dst[k] = to_float(v.v[k]);
-    } else {
-        dst[0] = to_float(raw);
-    }
 }
 
 // An empty asm statement that claims to change the word: floats converted from it before cannot be reused

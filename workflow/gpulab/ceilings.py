@@ -459,7 +459,6 @@ def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
     the ceiling. A row beyond RAISE_LIMIT raises nothing: it stays above 100% and red, as a byte count (or a
     timing) not to be trusted."""
     df = rows.assign(dedicated_ceiling_gbps=rows["ceiling_gbps"])
-    above = df["above_ceiling"].astype(str).str.lower() == "true"
     plausible = df["gbps"] <= df["ceiling_gbps"] * RAISE_LIMIT
     judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna() & plausible
     keys = ["pattern", "dtype", "tensor_bytes"]
@@ -472,7 +471,7 @@ def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
         df.loc[beaten, "ceiling_method"] = f"{fastest['op']} {fastest['impl']} (fastest row; above every method)"
         df.loc[beaten, "ceiling_bytes"] = fastest["tensor_bytes"]
         df.loc[beaten, "pct_of_ceiling"] = 100.0 * df.loc[beaten, "gbps"] / fastest["gbps"]
-        df.loc[beaten.intersection(df.index[above]), "above_ceiling"] = False
+        df.loc[beaten, "above_ceiling"] = False  # they are at or below the ceiling they are now placed against
     return df
 
 

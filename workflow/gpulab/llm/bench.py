@@ -22,7 +22,7 @@ from gpulab.device import DeviceInfo, detect
 from gpulab.llm import checks, figures, study
 from gpulab.llm.engines import FastEngine, HfEngine
 from gpulab.llm.models import LoadedModel, ResolvedModel, load_model, model_slug
-from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels, sdpa_kernel
+from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
 from gpulab.llm.roofline import Ceiling
 from gpulab.llm.study import MESSAGES, Sampling
 from gpulab.tables import Column, TableSchema, write_atomic
@@ -193,13 +193,7 @@ def _engine_columns(engine: Any, loaded: LoadedModel, job: Job, bench: figures.B
     model = loaded.model
     decoder = getattr(engine, "decoder", None)
     kernels = attention_kernels(model.config, job.sizes.prompt_tokens, job.info.torch_device,
-                                model.lm_head.weight.dtype)
-    if engine.name == "fast":  # its decode step: a KV head's query heads as query rows over the masked cache
-        dims = decoder.weights.dims
-        decode = sdpa_kernel((1, dims.n_kv, dims.n_heads // dims.n_kv, dims.head_dim),
-                             (1, dims.n_kv, decoder.max_len, dims.head_dim), False, job.info.torch_device,
-                             model.lm_head.weight.dtype, masked=True)
-        kernels = f"prefill {kernels.split()[1]} (SDPA) / decode {decode} (SDPA, masked fixed-length, compiled)"
+                                model.lm_head.weight.dtype, decoder.max_len if engine.name == "fast" else None)
     return {**job.base, "engine": engine.name, "engine_detail": engine.detail, "graph_mode": engine.graph_mode,
             "attn_impl": str(model.config._attn_implementation), "sdpa_kernel": kernels, "load_s": loaded.load_s,
             "mem_counter": bench.memory.counter, "weight_bytes": loaded.weight_bytes,
