@@ -112,9 +112,14 @@ def test_no_chosen_configuration_spills_or_falls_below_half_occupancy(compiled_t
         # The table covers exactly what the launchers would launch on this arch's family.
         expected = {(x.kernel.__name__, x.variant, x.dtype) for x in launches(a.target, ALL_DTYPES, SIZES)}
         assert set(zip(rows["kernel"], rows["variant"], rows["dtype"], strict=True)) == expected, name
+    # The LLM decode GEMV's tile is triton.autotune's pick at run time, not a launcher's choice: its rows are one
+    # representative config (the fused gate/up form holds two accumulators: 37.5% occupancy on sm_90), so only
+    # spills count against them.
+    chosen = triton_rows["op"] != "llm_decode"
     bad = triton_rows[(triton_rows["spilled_regs"] > 0) | (triton_rows["scratch_bytes"] > 0)
-                      | (triton_rows["occupancy"] < 0.5)]
+                      | (chosen & (triton_rows["occupancy"] < 0.5))]
     assert bad.empty, bad[["arch", "kernel", "variant", "dtype", "registers", "spilled_regs", "occupancy"]]
+    assert (triton_rows["op"] == "llm_decode").sum() == 5 * len(ARCHS)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 import torch
 from gpulab.device import detect
 from gpulab.llm import bench, checks, figures, probe
-from gpulab.llm.bench import LLM, Sizes, run_llm
+from gpulab.llm.bench import LLM, Sizes, kernels_path, run_llm
 from gpulab.llm.engines import FastEngine, HfEngine
 from gpulab.llm.exact import ExactDecoder
 from gpulab.llm.fast import FastDecoder
@@ -34,6 +34,7 @@ from gpulab.llm.models import (
     spec_kind,
 )
 from gpulab.llm.probe import PeakMemory
+from gpulab.llm.profile import CATEGORIES, LLM_KERNELS, PROFILED_TOKENS
 from gpulab.llm.roofline import Ceiling, bytes_per_token, kv_bytes_per_position, read_ceiling, weight_bytes_read
 from gpulab.llm.sampling import next_token, top_k
 from gpulab.llm.study import MESSAGES, Sampling
@@ -399,6 +400,16 @@ def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
     assert document["study"]["messages"][1]["content"] == MESSAGES[1]["content"]
     assert 0 < len(document["study"]["token_ids"]) <= 12
     assert document["study"]["sampling"]["do_sample"] and document["study"]["sampling"]["top_k"] == 20
+    kernels = LLM_KERNELS.read(kernels_path(tmp_path, "tiny", engine))
+    assert set(kernels["status"]) == {"ok"} and set(kernels["engine"]) == {engine}
+    assert set(kernels["test"]) == {"pp24", "tg8"}
+    assert set(kernels["category"]) <= set(CATEGORIES) and "matmul" in set(kernels["category"])
+    pp = table[table["test"] == "pp24"].iloc[0]
+    for test, steps, step_us in (("tg8", PROFILED_TOKENS, 1e3 * tg["mean_ms"] / tg["n_gen"]),
+                                 ("pp24", 1, 1e3 * pp["mean_ms"])):
+        rows = kernels[kernels["test"] == test]
+        assert (rows["steps"] == steps).all() and rows["step_us"].iloc[0] == pytest.approx(step_us)
+        assert rows["share_of_step"].sum() == pytest.approx(rows["us_per_step"].sum() / step_us)
 
 
 def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypatch):
@@ -408,9 +419,27 @@ def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypat
     monkeypatch.setattr(checks, "teacher_forcing", wrong)
     job = bench.Job(tiny.resolved, SMALL, Sizes(8, 4, 4, 4, 48, 3), detect(), {"target": "local"},
                     Ceiling(float("nan"), "none"))
-    rows, _ = bench.run_engine("fast", tiny, job)
+    rows, _, _ = bench.run_engine("fast", tiny, job)
     assert {r["status"] for r in rows} == {"incorrect"}
     assert {r["reason"] for r in rows} == {"teacher forcing: logits at position 7 differ"}
+
+
+def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_eager(tiny):
+    """On a GPU the fast engine compiles its prefill (dynamic shapes); Inductor's CPU backend runs the same
+    trace here: one graph for prompts of 16 and 40 tokens, the logits those of the eager layers up to bf16
+    rounding (fused kernels round in other places: the teacher-forcing check's 2e-2)."""
+    from torch._dynamo.utils import counters
+
+    compiled = FastDecoder(tiny.model, 128, [], GraphSettings(compile=True, graphs=False))
+    eager = FastDecoder(tiny.model, 128, [], GraphSettings(compile=False, graphs=False))
+    graphs = counters["stats"]["unique_graphs"]
+    for length in (16, 40):
+        ids = torch.randint(0, 100, (length,), generator=torch.Generator().manual_seed(length))
+        got = compiled.prefill(ids, Sampling.greedy(), all_logits=True)
+        want = eager.prefill(ids, Sampling.greedy(), all_logits=True)
+        assert float((got - want).norm() / want.norm()) < 2e-2
+    assert compiled.prefill_note == "compiled prefill" and eager.prefill_note == "eager prefill"
+    assert counters["stats"]["unique_graphs"] - graphs == 1
 
 
 def test_a_greedy_mismatch_is_reported_with_transformers_margin(tiny):
@@ -433,6 +462,9 @@ def test_big_models_are_skipped_on_cpu_with_a_reason(tiny_dir, tmp_path):
     table = LLM.read(tmp_path / "random_Qwen__Qwen2.5-7B-Instruct__fast.csv")
     assert set(table["status"]) == {"skipped"} and table["reason"].str.contains("GB of bf16 weights").all()
     assert set(table["model_source"]) == {"random"} and "teacher48" in set(table["test"])
+    kernels = LLM_KERNELS.read(kernels_path(tmp_path, "random:Qwen/Qwen2.5-7B-Instruct", "fast"))
+    assert list(kernels["status"]) == ["skipped"] and "GB of bf16 weights" in kernels["reason"].iloc[0]
+    assert kernels["test"].isna().all()
 
 
 def test_resolved_model_round_trips_through_json(tiny_dir, tmp_path):
@@ -455,9 +487,11 @@ def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
     html = (tmp_path / "report.html").read_text(encoding="utf-8")
     section = html[html.index('id="llm"'):]
     for text in ("LLM inference", "9.28", "14.28", "昔日显皇N独尊", "random weights (speed and memory only)",
-                 "155.8 ± 0.2", "41.1 ± 0.7", "149.2 ± 0.0", "against its read-only roofline",
+                 "175.2 ± 3.6", "37.7 ± 3.4", "149.6 ± 0.0", "against its read-only roofline",
                  "Prompt-processing tokens", "greedy32", "teacher256", "one device graph per step",
-                 "device graphs per layer segment", "NVIDIA H100", "bytes per token"):
+                 "device graphs per layer segment", "NVIDIA H100", "bytes per token",
+                 "Where the time of a prefill and of a decode token goes", "gemv_kernel", "decode_attention_kernel",
+                 "not in a kernel"):
         assert text in section, text
 
 

@@ -65,6 +65,9 @@ def test_recorded_kernel_names_are_classified(row):
         ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>(cutlass_80_simt_sgemm_128x64_8x5_nn_align1"
          "::Params)", "Kernel2<cutlass_80_simt_sgemm_128x64_8x5_nn_align1>"),
         ("aten::addmm", "aten::addmm"),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType"
+         "<2u>, unsigned int, 4, 64, 64>(at::native::(anonymous namespace)::OpaqueType<2u>*, int)",
+         "CatArrayBatchedCopy<OpaqueType>"),
         ("triton_poi_fused_addmm_gelu_0", "triton_poi_fused_addmm_gelu_0"),
     ],
 )

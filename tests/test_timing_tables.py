@@ -37,6 +37,14 @@ def test_measure_counts_calls_and_honours_minimums():
     assert set(timing.as_row()) == set(TIMING_COLUMNS)
 
 
+def test_a_fixed_count_runs_no_pilot_block():
+    """min_reps = max_reps (the LLM figures: runs of seconds each): the first call is the only untimed one."""
+    calls = []
+    timing = measure(lambda: calls.append(1), TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1,
+                                                             flush_cache=False))
+    assert len(calls) == 4 and timing.reps == 3 and timing.warmup_reps == 1
+
+
 def test_interleaved_blocks_count_every_untimed_call_on_this_device():
     """Each interleaved block opens with untimed calls (on a GPU also its first timed repetition, dropped):
     every call is either a kept repetition or counted in warmup_reps, on whatever device runs the test."""
@@ -45,15 +53,15 @@ def test_interleaved_blocks_count_every_untimed_call_on_this_device():
     info = detect()
     calls = []
     fn = (lambda: calls.append(1)) if not info.gpu_available else _gpu_closure(calls)
-    settings = TimingSettings(min_time_s=0.001, min_reps=16, max_reps=16, warmup_reps=2, flush_cache=False,
+    settings = TimingSettings(min_time_s=0.001, min_reps=16, max_reps=17, warmup_reps=2, flush_cache=False,
                               min_span_s=0)
     m = Measurement(fn, settings, info, interleaved=True)
     while not m.done:
         m.step()
     timing = m.timing()
-    assert timing.reps == 16 and len(calls) == timing.reps + timing.warmup_reps
+    assert 16 <= timing.reps <= 17 and len(calls) == timing.reps + timing.warmup_reps and m.pilot
     opening = 2 if info.gpu_available else 1
-    assert timing.warmup_reps == 2 + len(m.pilot) + (len(m.blocks) + 1) * opening
+    assert timing.warmup_reps == 2 + len(m.pilot) + (len(m.blocks) + bool(m.pilot)) * opening
 
 
 def _gpu_closure(calls: list) -> object:

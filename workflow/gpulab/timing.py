@@ -224,8 +224,12 @@ def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_
     # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
     # cap the wall time rather than spend minutes flushing for a microsecond kernel.
     affordable = math.floor(settings.max_wall_s / max(pilot_wall_s / done, 1e-9))
-    total = min(settings.max_reps, max(settings.min_reps, min(wanted, affordable)))
-    sizes = [len(part) for part in np.array_split(np.arange(total), settings.blocks)]
+    return _split(min(settings.max_reps, max(settings.min_reps, min(wanted, affordable))), settings.blocks)
+
+
+def _split(total: int, blocks: int) -> list[int]:
+    """``total`` repetitions in at most ``blocks`` blocks of near-equal size."""
+    sizes = [len(part) for part in np.array_split(np.arange(total), blocks)]
     return [n for n in sizes if n > 0]
 
 
@@ -249,10 +253,15 @@ class Measurement:
         self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
                                  interleaved)
         # A pilot block sizes the blocks; it is not kept: on CPU the first repetitions after the layout
-        # first moves were 1.5-15x slower than the rest (first touch of the newly placed outputs).
-        wall = time.perf_counter()
-        self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
-        self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
+        # first moves were 1.5-15x slower than the rest (first touch of the newly placed outputs). A fixed
+        # count (min_reps = max_reps: the LLM figures, whose repetitions last seconds) has nothing to size.
+        self.pilot: list[float] = []
+        if self.settings.min_reps >= self.settings.max_reps:
+            self.plan = _split(self.settings.max_reps, self.settings.blocks)
+        else:
+            wall = time.perf_counter()
+            self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
+            self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
         self.blocks: list[list[float]] = []
 
     @property
@@ -276,7 +285,7 @@ class Measurement:
             reps=len(samples),
             # every untimed call: warm-up, the pilot block (and the calls opening each interleaved block)
             warmup_reps=max(self.settings.warmup_reps, len(self.fns)) + len(self.pilot)
-            + (len(self.blocks) + 1) * self.timer.opening_calls,
+            + (len(self.blocks) + bool(self.pilot)) * self.timer.opening_calls,
             first_call_ms=self.first_call_ms,
             timer="device_event" if self.info.gpu_available else "perf_counter",
             cache_policy=_cache_policy(self.settings, len(self.fns)),

@@ -75,6 +75,7 @@ rule llm_infer:
             category="LLM inference",
         ),
         text=result("llm/{model}__{engine}.json"),
+        kernels=result("llm/kernels/{model}__{engine}.csv"),
     log:
         log_of("llm_infer_{model}__{engine}"),
     benchmark:
@@ -94,8 +95,9 @@ rule llm_infer:
 register_outputs(
     "llm",
     expand(
-        result("llm/{model}__{engine}.csv"),
+        result("llm/{kernels}{model}__{engine}.csv"),
         target=TARGETS,
+        kernels=["", "kernels/"],
         model=sorted(LLM_MODELS),
         engine=LLM["engines"],
     ),

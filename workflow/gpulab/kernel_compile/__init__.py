@@ -25,7 +25,8 @@ KERNEL_RESOURCES = TableSchema(
         Column("backend", "str", "hip | cuda"),
         Column("compiler", "str", "triton <version> | hipcc (clang <version>)"),
         Column("source", "str", "source file, relative to the repository"),
-        Column("op", "str", "the benchmark op the kernel implements: gelu | softmax | add"),
+        Column("op", "str", "the op the kernel implements: gelu | softmax | add, or llm_decode (the fast LLM "
+               "engine's decode step)"),
         Column("kernel", "str", "kernel function"),
         Column("variant", "str", "launch configuration (Triton constants and num_warps) or compiler flags"),
         Column("dtype", "str", "fp32 | fp16 | bf16 (element type of the tensors)"),

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from gpulab.device import DeviceInfo, detect
-from gpulab.llm import checks, figures, study
+from gpulab.llm import checks, figures, profile, study
 from gpulab.llm.engines import FastEngine, HfEngine
 from gpulab.llm.models import LoadedModel, ResolvedModel, load_model, model_slug
 from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
@@ -159,8 +159,10 @@ def _check(engine: Any, loaded: LoadedModel, job: Job, prompts: dict[str, Any], 
     return None
 
 
-def run_engine(name: str, loaded: LoadedModel, job: Job) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """All rows of one engine (the check first, then the figures), and the texts for its JSON file."""
+def run_engine(name: str, loaded: LoadedModel, job: Job
+               ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """All rows of one engine (the check first, then the figures), the texts for its JSON file, and where a
+    decode token's time goes (:mod:`gpulab.llm.profile`)."""
     prompts = prompts_of(loaded, job)
     engine = _make_engine(name, loaded, job, prompts)
     texts: dict[str, Any] = {}
@@ -173,6 +175,7 @@ def run_engine(name: str, loaded: LoadedModel, job: Job) -> tuple[list[dict[str,
     figures.pp(bench, prompts["pp"], loaded.weight_bytes)
     figures.ttft(bench, prompts["pp"], loaded.weight_bytes)
     figures.tg(bench, prompts["tg"], job.sizes.gen_tokens, loaded.weight_bytes)
+    kernels = _step_kernels(engine, bench, prompts, job)
     sampling = Sampling.study(loaded.model.generation_config, job.cfg["temperature"], job.cfg["top_p"])
     output = figures.study(bench, prompts["chat"], job.sizes.max_new_tokens, sampling, int(job.cfg["seed"]),
                            loaded.weight_bytes)
@@ -185,7 +188,25 @@ def run_engine(name: str, loaded: LoadedModel, job: Job) -> tuple[list[dict[str,
             row["status"], row["reason"] = ("incorrect", check.reason) if row["status"] == "ok" else \
                 (row["status"], row["reason"])
     common = _engine_columns(engine, loaded, job, bench)
-    return [{**common, **row} for row in bench.rows], texts
+    return [{**common, **row} for row in bench.rows], texts, kernels
+
+
+def _step_kernels(engine: Any, bench: figures.Bench, prompts: dict[str, Any], job: Job) -> list[dict[str, Any]]:
+    """Where a prefill's and a decode token's time goes: each profiled once more, beside its row's time."""
+    rows: list[dict[str, Any]] = []
+    for prefix in ("pp", "tg"):
+        row = next((r for r in bench.rows if r["test"].startswith(prefix)), None)
+        if row is None or row["status"] != "ok":
+            reason = f"no ok {prefix} row to set the kernels beside"
+            rows.append({"test": prefix, "status": "skipped", "reason": reason})
+            continue
+        if prefix == "pp":
+            run, steps, step_us = (lambda: engine.prefill(prompts["pp"])), 1, row["mean_ms"] * 1e3
+        else:
+            steps = profile.PROFILED_TOKENS
+            run, step_us = engine.decode_run(prompts["tg"], steps), row["mean_ms"] * 1e3 / row["n_gen"]
+        rows += profile.step_kernels(row["test"], run, steps, step_us, job.info)
+    return rows
 
 
 def _engine_columns(engine: Any, loaded: LoadedModel, job: Job, bench: figures.Bench) -> dict[str, Any]:
@@ -236,10 +257,19 @@ def _outcome_rows(job: Job, engine: str, status: str, reason: str) -> list[dict[
     return [{**job.base, "engine": engine, "test": t, "status": status, "reason": reason} for t in tests]
 
 
-def _write(job: Job, engine: str, rows: list[dict[str, Any]], texts: dict[str, Any], out: Path) -> None:
+def kernels_path(out_dir: str | Path, spec: str, engine: str) -> Path:
+    """Where the decode profile of one model and engine goes, beside its CSV (rule llm_infer's output)."""
+    return Path(out_dir) / "kernels" / f"{model_slug(spec)}__{engine}.csv"
+
+
+def _write(job: Job, engine: str, rows: list[dict[str, Any]], texts: dict[str, Any], kernels: list[dict[str, Any]],
+           out: Path) -> None:
     slug = model_slug(job.resolved.spec)
     text_file = f"{slug}__{engine}.json"
     LLM.write([{**r, "text_file": text_file} for r in rows], out / f"{slug}__{engine}.csv")
+    ours = {k: job.base[k] for k in ("target", "fingerprint", "model", "device")}
+    profile.LLM_KERNELS.write([{**ours, "engine": engine, **k} for k in kernels], kernels_path(out, job.resolved.spec,
+                                                                                              engine))
     document = {"model": job.resolved.spec, "model_source": job.resolved.source,
                 "resolved": json.loads(job.resolved.to_json()), "sizes": asdict(job.sizes),
                 "study_reported": study.REPORTED, **texts}
@@ -263,9 +293,12 @@ def run_llm(resolved: ResolvedModel, engine: str, cfg: Mapping[str, Any], *, tar
         rows = _outcome_rows(job, engine, *problem)
     else:
         try:
-            rows, texts = run_engine(engine, loaded, job)
+            rows, texts, kernels = run_engine(engine, loaded, job)
         except Exception as exc:
             log.error("engine %s failed:\n%s", engine, traceback.format_exc())
-            rows = _outcome_rows(job, engine, figures.error_status(exc), f"engine {engine}: {figures.first_line(exc)}")
-    _write(job, engine, rows, texts, Path(out_dir))
+            problem = (figures.error_status(exc), f"engine {engine}: {figures.first_line(exc)}")
+            rows = _outcome_rows(job, engine, *problem)
+    if problem:
+        kernels = [{"status": problem[0], "reason": problem[1]}]
+    _write(job, engine, rows, texts, kernels, Path(out_dir))
     return rows

@@ -176,6 +176,11 @@ class FastDecoder(Decoder):
         self.host_pos = 0
         self.step_fn = torch.compile(decode_one_token, fullgraph=True, dynamic=False, **settings.compile_kwargs()) \
             if settings.compile else decode_one_token
+        # The prefill's layers, compiled once for every prompt length (eager, PyTorch's ~30 kernels a layer left
+        # a 512-token prefill a third host-bound on the H100); the output head runs eagerly on what is kept.
+        self.prefill_fn = torch.compile(qwen2.hidden, fullgraph=True, dynamic=True) if settings.compile \
+            else qwen2.hidden
+        self.prefill_note = "compiled prefill" if settings.compile else "eager prefill"
         self.graphs = Graphs(settings, self.device, lambda s: [lambda: self._step_eager(s)], lambda i: None,
                              self._snapshot, self._restore, self._fallback, "one device graph per step")
         self.logits = torch.zeros(1, self.weights.dims.vocab, device=self.device)
@@ -192,8 +197,21 @@ class FastDecoder(Decoder):
     def prefill(self, ids: torch.Tensor, sampling: Sampling, all_logits: bool = False) -> torch.Tensor:
         """The prompt (1-D ids) through the model in one batch; fills the cache and chooses the next token."""
         length = self._start(ids)
-        positions = torch.arange(length, device=self.device)
-        logits = qwen2.forward(self.weights, self.cache, ids.to(self.device).view(1, -1), positions,
-                               qwen2.prefill_attention, all_logits)
+        args = (self.weights, self.cache, ids.to(self.device).view(1, -1), torch.arange(length, device=self.device),
+                qwen2.prefill_attention)
+        hidden = self._prefill_hidden(*args) if length > 1 else qwen2.hidden(*args)  # one token: the decode kernels
+        logits = qwen2.logits(self.weights, hidden if all_logits else hidden[:, -1:])
         self._first_choice(logits, sampling, length)
         return logits
+
+    def _prefill_hidden(self, *args: Any) -> torch.Tensor:
+        """The compiled prefill, or eager layers with the reason where compiling fails."""
+        try:
+            return self.prefill_fn(*args)
+        except Exception as exc:  # an Inductor failure must not lose the measurement
+            if self.prefill_fn is qwen2.hidden:
+                raise
+            self.prefill_note = f"eager prefill: compiling failed ({type(exc).__name__}: {str(exc)[:160]})"
+            log.warning("%s", self.prefill_note)
+            self.prefill_fn = qwen2.hidden
+            return qwen2.hidden(*args)

@@ -88,13 +88,20 @@ def sdpa_kernel(q_shape: Sequence[int], kv_shape: Sequence[int], causal: bool, d
 
 def attention_kernels(config: Any, prompt_tokens: int, device: str, dtype: Any, cache_len: int | None = None) -> str:
     """Prefill and decode kernels SDPA picks for this model's shapes: transformers' sdpa path, or with
-    ``cache_len`` engine fast's decode step (a KV head's query heads as query rows over a masked static cache)."""
+    ``cache_len`` engine fast's decode step (Triton's split-KV kernel on a GPU, else SDPA with a KV head's query
+    heads as query rows over a masked static cache)."""
+    import torch
+
+    from gpulab.llm.qwen2 import split_kv_available
+
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     prefill = sdpa_kernel((1, heads, prompt_tokens, head_dim), (1, kv, prompt_tokens, head_dim), True, device, dtype)
     if cache_len is None:
         decode = sdpa_kernel((1, heads, 1, head_dim), (1, kv, prompt_tokens, head_dim), False, device, dtype)
         return f"prefill {prefill} / decode {decode}"
+    if split_kv_available(torch.device(device), head_dim):
+        return f"prefill {prefill} (SDPA) / decode Triton split-KV (flash-decoding, positions up to the current one)"
     decode = sdpa_kernel((1, kv, heads // kv, head_dim), (1, kv, cache_len, head_dim), False, device, dtype,
                          masked=True)
     return f"prefill {prefill} (SDPA) / decode {decode} (SDPA, masked fixed-length, compiled)"

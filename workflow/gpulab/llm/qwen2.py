@@ -1,6 +1,7 @@
 """Qwen2 decoder in gpt-fast's shape: the weights, a static :class:`KVCache`, and one :func:`layer` that
-both the prefill (many tokens, causal flash attention) and the one-token decode step (attention over the
-whole static cache, later positions masked) run.
+both the prefill (many tokens, causal flash attention) and the one-token decode step run. On a GPU the decode
+step's attention and matrix-vector products are Triton kernels (:func:`decode_attention`, :func:`linear`,
+:func:`swiglu`); elsewhere it attends over the whole static cache with later positions masked.
 
 The weights are the loaded transformers model's own tensors. :func:`fuse_projections` first stores each
 layer's Q/K/V and gate/up weights in one contiguous matrix and makes transformers' parameters views of it,
@@ -140,13 +141,64 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
+def triton_decode(device: torch.device) -> bool:
+    """Whether a decode step runs the Triton kernels of :mod:`gpulab.kernels.triton` (split-KV attention,
+    fused matrix-vector products): on a GPU of either vendor, with Triton installed."""
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def split_kv_available(device: torch.device, head_dim: int) -> bool:
+    """Whether the decode step's attention is Triton's split-KV kernel (and the kernel takes this head size)."""
+    if not triton_decode(device):
+        return False
+    from gpulab.kernels.triton.decode_attention import takes_head_dim
+
+    return takes_head_dim(head_dim)
+
+
+Norm = tuple[torch.Tensor, float]  # an RMS norm's weight and epsilon
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, norm: Norm | None = None) -> torch.Tensor:
+    """``residual + rms_norm(x) @ weight.T + bias``: one token on a GPU is one Triton kernel."""
+    if x.shape[1] == 1 and triton_decode(x.device):
+        from gpulab.kernels.triton.gemv import gemv
+
+        return gemv(x, weight, bias, residual, norm=norm)
+    y = F.linear(rms_norm(x, *norm) if norm is not None else x, weight, bias)
+    return y if residual is None else residual + y
+
+
+def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+    """``x + down(silu(gate(h)) * up(h))`` with ``h = rms_norm(x)``; for one token on a GPU the norm, the
+    gate and up products and the activation are one kernel, the down product and the residual another."""
+    if x.shape[1] == 1 and triton_decode(x.device):
+        from gpulab.kernels.triton.gemv import gemv
+
+        return gemv(gemv(x, w13, gated=True, norm=norm), wd, residual=x)
+    gate, up = F.linear(rms_norm(x, *norm), w13).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, wd)
+
+
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                      cache_v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """One query over the whole static cache, positions after ``pos`` masked: fixed shapes, so capturable.
-    The query heads that share a KV head are that head's query rows (no copies of K/V), and one fused attention
-    kernel takes them: it keeps scores, softmax and the weighted sum in float32, as flash attention does (bf16
-    scores of a 7B model's raw q·k, tens in size, lose ~0.1 each: 7% logit error after 28 layers on the H100).
-    Float32 copies of the cache with separate products and softmax cost five kernels a layer."""
+    """One query over the static cache, positions after ``pos`` left out: fixed shapes, so capturable.
+    On a GPU, Triton's split-KV kernel (:mod:`gpulab.kernels.triton.decode_attention`) reads only positions
+    0..pos, many programs per head. Elsewhere one fused SDPA call over the whole cache with later positions
+    masked, a KV head's query heads as its query rows (no copies of K/V). Both keep scores, softmax and the
+    weighted sum in float32, as flash attention does (bf16 scores of a 7B model's raw q·k, tens in size, lose
+    ~0.1 each: 7% logit error after 28 layers on the H100)."""
+    if split_kv_available(q.device, q.shape[-1]):
+        from gpulab.kernels.triton.decode_attention import decode_attention as split_kv
+
+        return split_kv(q, cache_k, cache_v, pos)
     n_kv, head_dim = cache_k.shape[1], cache_k.shape[3]
     groups = q.shape[1] // n_kv
     mask = (torch.arange(cache_k.shape[2], device=q.device) <= pos).view(1, -1)
@@ -158,8 +210,7 @@ def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, c
           pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
     """One decoder layer over ``x`` (1, T, hidden) at positions ``pos`` (T,), writing K/V into the cache."""
     tokens = x.shape[1]
-    h = rms_norm(x, w.in_norm, dims.eps)
-    q, k, v = F.linear(h, w.wqkv, w.bqkv).split(dims.qkv_split, dim=-1)
+    q, k, v = linear(x, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps)).split(dims.qkv_split, dim=-1)
     q = rope(q.view(1, tokens, dims.n_heads, dims.head_dim).transpose(1, 2), cos, sin)
     k = rope(k.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2), cos, sin)
     v = v.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2)
@@ -170,17 +221,26 @@ def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, c
         cache_k[:, :, :tokens] = k
         cache_v[:, :, :tokens] = v
     out = attend(q, k, v, cache_k, cache_v, pos).transpose(1, 2).reshape(1, tokens, -1)
-    x = x + F.linear(out, w.wo)
-    gate, up = F.linear(rms_norm(x, w.post_norm, dims.eps), w.w13).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w.wd)
+    x = linear(out, w.wo, residual=x)
+    return swiglu(x, (w.post_norm, dims.eps), w.w13, w.wd)
+
+
+def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend) -> torch.Tensor:
+    """The last layer's output (1, T, hidden) for ``ids`` (1, T) placed at ``pos`` (T,), the cache filled."""
+    x = F.embedding(ids, weights.embed)
+    cos, sin = weights.cos[pos], weights.sin[pos]
+    for index, w in enumerate(weights.layers):
+        x = layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend)
+    return x
+
+
+def logits(weights: Weights, x: torch.Tensor) -> torch.Tensor:
+    """float32 logits (T, vocab) of the hidden states ``x`` (1, T, hidden)."""
+    return F.linear(rms_norm(x, weights.norm, weights.dims.eps), weights.lm_head).float()[0]
 
 
 def forward(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
             all_logits: bool = False) -> torch.Tensor:
     """float32 logits of the last position (or of every position) of ``ids`` (1, T) placed at ``pos`` (T,)."""
-    x = F.embedding(ids, weights.embed)
-    cos, sin = weights.cos[pos], weights.sin[pos]
-    for index, w in enumerate(weights.layers):
-        x = layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend)
-    x = x if all_logits else x[:, -1:]
-    return F.linear(rms_norm(x, weights.norm, weights.dims.eps), weights.lm_head).float()[0]
+    x = hidden(weights, cache, ids, pos, attend)
+    return logits(weights, x if all_logits else x[:, -1:])

@@ -103,7 +103,8 @@ def short_kernel_name(name: str, width: int = 70) -> str:
     ``void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(...)...>(int, ...)``
     becomes ``vectorized_elementwise_kernel<GeluCUDAKernelImpl>``.
     """
-    text = name.strip().removeprefix("void ")
+    # "(anonymous namespace)::" is a scope, not a parameter list (ATen's cat kernel lives in one)
+    text = name.strip().removeprefix("void ").replace("(anonymous namespace)::", "")
     if text.startswith("aten::"):
         return text if len(text) <= width else text[: width - 1] + "…"
     depth = 0

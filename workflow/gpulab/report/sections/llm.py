@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.llm import study
+from gpulab.llm.profile import category_summary
 from gpulab.report import plots
 
 ORDER = 60
@@ -162,6 +163,26 @@ def _throughput_figures(df: pd.DataFrame, labels: Any) -> list[Any]:
     return figures
 
 
+TOP_KERNELS = 8
+
+
+def step_time(ctx: Any) -> dict[str, Any]:
+    """Where a prefill's and a decode token's time goes (``llm/kernels/*.csv``): the kernel categories per
+    engine and test, in µs per step beside the step's measured time, and each one's largest kernels."""
+    rows = ctx.results.tables("llm/kernels/*.csv")
+    if rows.empty or "category" not in rows.columns:
+        return {}
+    keys = ["target", "model", "engine", "test"]
+    ok = rows[rows["status"] == "ok"]
+    top = (ok.sort_values([*keys, "us_per_step"], ascending=[True] * 4 + [False]).groupby(keys)
+           .head(TOP_KERNELS).assign(pct_of_step=lambda f: 100 * f["share_of_step"])
+           [[*keys, "kernel", "category", "calls_per_step", "us_per_step", "pct_of_step"]])
+    problems = rows[rows["status"] != "ok"][["target", "model", "engine", "test", "status", "reason"]]
+    summary = category_summary(rows).round(1).rename(columns={"step": "measured step", "kernels": "all kernels"})
+    tokens = ok.loc[ok["test"].astype(str).str.startswith("tg"), "steps"].dropna()
+    return {"summary": summary, "top": top, "problems": problems, "tokens": int(tokens.max()) if len(tokens) else None}
+
+
 def build(ctx: Any) -> dict[str, Any] | None:
     df = ctx.results.tables("llm/*.csv")
     if df.empty or "test" not in df.columns:
@@ -187,6 +208,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "figures": figures,
         "checks": check_table,
         "kernels": kernel_table,
+        "step_time": step_time(ctx),
         "sources": [{"name": s, "label": SOURCE_LABELS.get(s, s)} for s in sources],
         "all_rows": df.drop(columns=[MODEL_LABEL, "source"], errors="ignore"),
     }

@@ -1,0 +1,79 @@
+"""Triton's split-KV decode attention (kernels/triton/decode_attention.py) against SDPA over the masked cache:
+in Triton's interpreter on a CPU (float32 and float16: the interpreter's tl.dot mishandles bfloat16), and on a
+GPU in every dtype when one is present (the fast engine's teacher-forcing check covers it in the workflow)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+# (heads, kv heads, head size, cache length, position): a 7B model's grouped heads at the first, a middle and
+# the last position; a ragged last chunk; one chunk past the split limit (64 chunks of 64 positions).
+CASES = [(28, 4, 128, 640, 0), (28, 4, 128, 640, 129), (28, 4, 128, 640, 639), (4, 2, 64, 96, 50),
+         (8, 8, 32, 4096, 3000)]
+
+COMPARE = """
+import torch, torch.nn.functional as F
+from gpulab.kernels.triton.decode_attention import decode_attention, decode_split
+
+def compare(heads, kv, d, max_len, pos, dtype, device):
+    gen = torch.Generator(device=device).manual_seed(pos)
+    q = (torch.randn(1, heads, 1, d, generator=gen, device=device) * 3).to(dtype)
+    k = (torch.randn(1, kv, max_len, d, generator=gen, device=device) * 3).to(dtype)
+    v = torch.randn(1, kv, max_len, d, generator=gen, device=device).to(dtype)
+    # positions after pos hold garbage that must not be read
+    k[:, :, pos + 1:] = float("nan")
+    v[:, :, pos + 1:] = float("nan")
+    out = decode_attention(q, k, v, torch.tensor([pos], device=device))
+    mask = (torch.arange(max_len, device=device) <= pos).view(1, -1)
+    g = heads // kv
+    ref = F.scaled_dot_product_attention(q.view(1, kv, g, d).double(), k.double().nan_to_num(),
+                                         v.double().nan_to_num(), attn_mask=mask).view(1, heads, 1, d)
+    assert out.dtype == dtype and out.shape == (1, heads, 1, d)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    bound = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    assert err < bound, (heads, kv, d, max_len, pos, dtype, err, decode_split(max_len))
+"""
+
+
+def test_split_kv_in_the_interpreter():
+    code = COMPARE + f"""
+for case in {CASES!r}:
+    for dtype in (torch.float32, torch.float16):
+        compare(*case, dtype, "cpu")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_chunks_cover_the_cache_within_the_split_limit():
+    from gpulab.kernels.triton.decode_attention import BLOCK_N, MAX_SPLITS, decode_split
+
+    for max_len in (1, 31, 32, 640, 4096, 4097, 131072):
+        chunk, splits = decode_split(max_len)
+        assert chunk % BLOCK_N == 0 and splits <= MAX_SPLITS and (splits - 1) * chunk < max_len <= splits * chunk
+
+
+def test_shapes_the_kernel_cannot_take_are_refused():
+    import torch
+    from gpulab.kernels.triton.decode_attention import decode_attention
+
+    cache = torch.zeros(1, 4, 64, 128)
+    with pytest.raises(ValueError, match="one query token"):
+        decode_attention(torch.zeros(1, 28, 2, 128), cache, cache, torch.tensor([3]))
+    with pytest.raises(ValueError, match="power-of-two head size"):
+        small = torch.zeros(1, 4, 64, 80)
+        decode_attention(torch.zeros(1, 28, 1, 80), small, small, torch.tensor([3]))
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_split_kv_on_the_gpu(dtype):
+    import torch
+
+    namespace: dict = {}
+    exec(COMPARE, namespace)
+    for case in CASES:
+        namespace["compare"](*case, getattr(torch, dtype), "cuda")

@@ -1,0 +1,60 @@
+"""Triton's fused matrix-vector products (kernels/triton/gemv.py), every tile config, in Triton's interpreter
+on a CPU against float64 products: plain, with bias and residual, and the gated (SwiGLU) form with and
+without the RMS norm; row and column counts that are not multiples of the tiles. On a GPU the fast engine's
+teacher-forcing check covers them."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CODE = """
+import torch, torch.nn.functional as F
+from gpulab.kernels.triton.gemv import CONFIGS, gemv
+
+torch.manual_seed(0)
+for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 1e-2)):
+    for config in CONFIGS:
+        for n, k in ((100, 300), (37, 1000)):
+            x = torch.randn(1, 1, k).to(dtype)
+            w = (torch.randn(n, k) / k ** 0.5).to(dtype)
+            b, r = torch.randn(n).to(dtype), torch.randn(1, 1, n).to(dtype)
+            y = gemv(x, w, b, r, config=config)
+            ref = r.double() + F.linear(x.double(), w.double(), b.double())
+            assert y.dtype == dtype and y.shape == (1, 1, n)
+            assert ((y.double() - ref).norm() / ref.norm()).item() < bound, (dtype, config, n, k)
+            w2 = (torch.randn(2 * n, k) / k ** 0.5).to(dtype)
+            gate, up = F.linear(x.double(), w2.double()).chunk(2, dim=-1)
+            ref = F.silu(gate) * up
+            y = gemv(x, w2, gated=True, config=config)
+            assert ((y.double() - ref).norm() / ref.norm()).item() < bound, ("gated", dtype, config, n, k)
+            nw = (1 + torch.randn(k) / 4).to(dtype)
+            h = x.double() * torch.rsqrt(x.double().pow(2).mean() + 1e-6) * nw.double()
+            gate, up = F.linear(h, w2.double()).chunk(2, dim=-1)
+            y = gemv(x, w2, gated=True, norm=(nw, 1e-6), config=config)
+            ref = F.silu(gate) * up
+            assert ((y.double() - ref).norm() / ref.norm()).item() < bound, ("norm", dtype, config, n, k)
+"""
+
+
+def test_every_config_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_shapes_it_cannot_take_are_refused():
+    import torch
+    from gpulab.kernels.triton.gemv import gemv
+
+    with pytest.raises(ValueError, match="one row of 64 values"):
+        gemv(torch.zeros(2, 64), torch.zeros(8, 64))
+    with pytest.raises(ValueError, match="even row count"):
+        gemv(torch.zeros(1, 64), torch.zeros(7, 64), gated=True)
+    with pytest.raises(ValueError, match="bias of 3 values for 8 outputs"):
+        gemv(torch.zeros(1, 64), torch.zeros(8, 64), bias=torch.zeros(3))
+    with pytest.raises(ValueError, match="norm weight of 3 values for 64 inputs"):
+        gemv(torch.zeros(1, 64), torch.zeros(8, 64), norm=(torch.zeros(3), 1e-6))
+    with pytest.raises(ValueError, match="contiguous weight"):
+        gemv(torch.zeros(1, 64), torch.zeros(64, 8).t())
