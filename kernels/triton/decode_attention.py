@@ -99,6 +99,18 @@ def decode_split(max_len: int) -> tuple[int, int]:
     return chunk, triton.cdiv(max_len, chunk)
 
 
+def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int) -> tuple[dict, dict]:
+    """The constexprs of the split kernel and of the combine kernel for these shapes (the launcher's and the
+    ahead-of-time compile's: gpulab.kernels.triton.launches). The scale is a constexpr because torch.compile
+    passes a Python float argument as float64, which the loop would carry."""
+    groups = heads // kv_heads
+    chunk, splits = decode_split(max_len)
+    shared = {"GROUPS": groups, "HEAD_DIM": head_dim, "CHUNK": chunk, "SPLITS": splits}
+    attend = {**shared, "SCALE_LOG2": math.log2(math.e) / math.sqrt(head_dim),
+              "GROUPS_PAD": max(16, triton.next_power_of_2(groups)), "BLOCK_N": BLOCK_N}
+    return attend, {**shared, "SPLITS_PAD": triton.next_power_of_2(splits)}
+
+
 def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Softmax(q K^T / sqrt(d)) V over cache positions 0..pos: ``q`` (1, heads, 1, d), the caches
     (1, kv_heads, max_len, d) contiguous, ``pos`` a (1,) device tensor; returns (1, heads, 1, d) in q's dtype."""
@@ -111,20 +123,14 @@ def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tens
                          f"cache {tuple(cache_k.shape)}")
     if not takes_head_dim(head_dim):
         raise ValueError(f"decode_attention needs a power-of-two head size of 16 or more, got {head_dim}")
-    groups = heads // kv_heads
-    chunk, splits = decode_split(max_len)
+    attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len)
+    rows = kv_heads * attend["SPLITS"] * attend["GROUPS"]
     q = q.contiguous()
-    part = torch.empty(kv_heads * splits * groups, head_dim, dtype=torch.float32, device=q.device)
-    maxes = torch.empty(kv_heads * splits * groups, dtype=torch.float32, device=q.device)
+    part = torch.empty(rows, head_dim, dtype=torch.float32, device=q.device)
+    maxes = torch.empty(rows, dtype=torch.float32, device=q.device)
     sums = torch.empty_like(maxes)
     out = torch.empty_like(q)
-    decode_attention_kernel[(kv_heads, splits)](
-        # a constexpr: torch.compile passes a Python float argument as float64, which the loop would carry
-        q, cache_k, cache_v, pos, part, maxes, sums, max_len, SCALE_LOG2=math.log2(math.e) / math.sqrt(head_dim),
-        GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), HEAD_DIM=head_dim, CHUNK=chunk,
-        SPLITS=splits, BLOCK_N=BLOCK_N, num_warps=4,
-    )
-    decode_attention_combine_kernel[(heads,)](part, maxes, sums, pos, out, GROUPS=groups, HEAD_DIM=head_dim,
-                                              CHUNK=chunk, SPLITS=splits, SPLITS_PAD=triton.next_power_of_2(splits),
-                                              num_warps=4)
+    decode_attention_kernel[(kv_heads, attend["SPLITS"])](q, cache_k, cache_v, pos, part, maxes, sums, max_len,
+                                                         **attend, num_warps=4)
+    decode_attention_combine_kernel[(heads,)](part, maxes, sums, pos, out, **combine, num_warps=4)
     return out

@@ -73,6 +73,13 @@ def gemv_kernel(
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
+def flags(bias: bool = False, residual: bool = False, gated: bool = False, eps: float | None = None) -> dict:
+    """The fused form's constexprs (``eps``: the RMS norm's, None for no norm). EPS is a constexpr because
+    torch.compile passes a Python float argument as float64."""
+    return {"HAS_BIAS": bias, "HAS_RESIDUAL": residual, "GATED": gated, "NORM": eps is not None,
+            "EPS": float(eps or 0.0)}
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
          residual: torch.Tensor | None = None, gated: bool = False,
          norm: tuple[torch.Tensor, float] | None = None, config: triton.Config | None = None) -> torch.Tensor:
@@ -93,16 +100,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     x = x.contiguous()
     y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
     residual = residual.contiguous() if residual is not None else None
-    norm_weight, eps = norm if norm is not None else (y, 0.0)
+    norm_weight, eps = norm if norm is not None else (y, None)
     if norm is not None and norm_weight.numel() != k:
         raise ValueError(f"gemv: norm weight of {norm_weight.numel()} values for {k} inputs")
     args = (x, weight, bias if bias is not None else y, residual if residual is not None else y, norm_weight, y, n, k)
-    # EPS is a constexpr: torch.compile passes a Python float argument as float64
-    flags = {"HAS_BIAS": bias is not None, "HAS_RESIDUAL": residual is not None, "GATED": gated,
-             "NORM": norm is not None, "EPS": float(eps)}
+    form = flags(bias is not None, residual is not None, gated, eps)
     if config is None:
-        gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+        gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **form)
     else:
-        gemv_kernel.fn[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args, **flags, **config.kwargs,
+        gemv_kernel.fn[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args, **form, **config.kwargs,
                                                                      num_warps=config.num_warps)
     return y

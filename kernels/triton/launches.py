@@ -15,10 +15,10 @@ from typing import Any
 
 from .add import add_kernel
 from .config import Target, elementwise_shapes, needs_64bit_offsets, softmax_config
-from .decode_attention import BLOCK_N as DECODE_BLOCK_N
-from .decode_attention import decode_attention_combine_kernel, decode_attention_kernel, decode_split
+from .decode_attention import decode_attention_combine_kernel, decode_attention_kernel, launch_constexprs
 from .gelu import gelu_kernel
 from .gemv import CONFIGS as GEMV_CONFIGS
+from .gemv import flags as gemv_flags
 from .gemv import gemv_kernel
 from .softmax import SoftmaxLaunch, launch_choice, softmax_kernel, softmax_looped_kernel, softmax_split_kernel
 
@@ -34,7 +34,8 @@ SOFTMAX_ROWS = 1 << 16  # enough rows that rows_per_program is never capped by t
 # bf16: each product's fused form (Q/K/V: norm and bias; O and down: residual; gate/up: norm and activation) at
 # one tile config (the others differ in tile sizes only), and the attention pair.
 LLM_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM, LLM_CACHE = 28, 4, 128, 640
-GEMV_FORMS = {"qkv": ("HAS_BIAS", "NORM"), "o_down": ("HAS_RESIDUAL",), "gate_up": ("GATED", "NORM")}
+GEMV_FORMS = {"qkv": gemv_flags(bias=True, eps=1e-6), "o_down": gemv_flags(residual=True),
+              "gate_up": gemv_flags(gated=True, eps=1e-6)}
 
 
 @dataclass(frozen=True)
@@ -110,30 +111,25 @@ def _softmax_launch(choice: SoftmaxLaunch, dtype: str) -> Launch:
 
 def _llm_decode() -> list[Launch]:
     pointers = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "r_ptr", "norm_ptr", "y_ptr"), "*bf16")
-    flags = ("HAS_BIAS", "HAS_RESIDUAL", "GATED", "NORM")
     config = next(c for c in GEMV_CONFIGS if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps) == (4, 512, 4))
+    tiles = " ".join(f"{k}={v}" for k, v in config.kwargs.items()) + f" num_warps={config.num_warps}"
     out = []
-    for form, on in GEMV_FORMS.items():
-        constexprs = {**{f: f in on for f in flags}, "EPS": 1e-6, **config.kwargs}
-        out.append(Launch(op="llm_decode", kernel=gemv_kernel.fn, variant=f"{form} " + " ".join(
-            f"{k}={v}" for k, v in config.kwargs.items()) + f" num_warps={config.num_warps}", dtype="bf16",
-            signature=pointers | {"N": "i32", "K": "i32"} | dict.fromkeys(constexprs, "constexpr"),
-            constexprs=constexprs, num_warps=config.num_warps))
-    chunk, splits = decode_split(LLM_CACHE)
-    groups = LLM_HEADS // LLM_KV_HEADS
-    attend = {"SCALE_LOG2": 1.4426950408889634 / LLM_HEAD_DIM ** 0.5, "GROUPS": groups, "GROUPS_PAD": 16,
-              "HEAD_DIM": LLM_HEAD_DIM, "CHUNK": chunk, "SPLITS": splits, "BLOCK_N": DECODE_BLOCK_N}
-    combine = {"GROUPS": groups, "HEAD_DIM": LLM_HEAD_DIM, "CHUNK": chunk, "SPLITS": splits,
-               "SPLITS_PAD": 1 << (splits - 1).bit_length()}
+    for form, fused in GEMV_FORMS.items():
+        constexprs = {**fused, **config.kwargs}
+        out.append(Launch(op="llm_decode", kernel=gemv_kernel.fn, variant=f"{form} {tiles}", dtype="bf16",
+                          signature=pointers | {"N": "i32", "K": "i32"} | dict.fromkeys(constexprs, "constexpr"),
+                          constexprs=constexprs, num_warps=config.num_warps))
+    attend, combine = launch_constexprs(LLM_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM, LLM_CACHE)
     partials = {"part_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32"}
     for kernel, signature, constexprs in (
         (decode_attention_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i64",
                                    **partials, "max_len": "i32"}, attend),
         (decode_attention_combine_kernel, {**partials, "pos_ptr": "*i64", "o_ptr": "*bf16"}, combine),
     ):
-        out.append(Launch(op="llm_decode", kernel=kernel, variant=f"CHUNK={chunk} SPLITS={splits} num_warps=4",
-                          dtype="bf16", signature=signature | dict.fromkeys(constexprs, "constexpr"),
-                          constexprs=constexprs, num_warps=4))
+        out.append(Launch(op="llm_decode", kernel=kernel,
+                          variant=f"CHUNK={attend['CHUNK']} SPLITS={attend['SPLITS']} num_warps=4", dtype="bf16",
+                          signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs,
+                          num_warps=4))
     return out
 
 

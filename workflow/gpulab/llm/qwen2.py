@@ -165,10 +165,15 @@ def split_kv_available(device: torch.device, head_dim: int) -> bool:
 Norm = tuple[torch.Tensor, float]  # an RMS norm's weight and epsilon
 
 
+def _one_token_on_gpu(x: torch.Tensor) -> bool:
+    """A decode step's activations on a GPU with Triton: the fused Triton products take them."""
+    return x.shape[1] == 1 and triton_decode(x.device)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, norm: Norm | None = None) -> torch.Tensor:
     """``residual + rms_norm(x) @ weight.T + bias``: one token on a GPU is one Triton kernel."""
-    if x.shape[1] == 1 and triton_decode(x.device):
+    if _one_token_on_gpu(x):
         from gpulab.kernels.triton.gemv import gemv
 
         return gemv(x, weight, bias, residual, norm=norm)
@@ -179,7 +184,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
     """``x + down(silu(gate(h)) * up(h))`` with ``h = rms_norm(x)``; for one token on a GPU the norm, the
     gate and up products and the activation are one kernel, the down product and the residual another."""
-    if x.shape[1] == 1 and triton_decode(x.device):
+    if _one_token_on_gpu(x):
         from gpulab.kernels.triton.gemv import gemv
 
         return gemv(gemv(x, w13, gated=True, norm=norm), wd, residual=x)
