@@ -164,21 +164,31 @@ def test_the_stability_rule():
     assert is_stable(1.10, 1.0, 0.10, 5)
 
 
-def test_measure_flags_a_stalled_repetition_and_keeps_every_time():
-    import time
+def test_measure_flags_a_stalled_repetition_and_keeps_every_time(monkeypatch):
+    """A fake clock (each call advances it by a set time): the OS's sleep jitter on a loaded CI machine
+    once made the steady case unstable (one 3.1 ms sleep among 2.08 ms ones)."""
+    import types
 
-    calls = []
+    import gpulab.timing as timing_module
 
-    def sometimes_stalls():
-        calls.append(1)
-        time.sleep(0.05 if len(calls) == 6 else 0.001)
+    clock = [0.0]
+    monkeypatch.setattr(timing_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                      sleep=lambda s: None))
+
+    def takes(durations_s):
+        calls = []
+
+        def fn():
+            calls.append(1)
+            clock[0] += durations_s(len(calls))
+        return fn
 
     settings = TimingSettings(min_time_s=0.001, min_reps=10, max_reps=10, warmup_reps=1, flush_cache=False)
-    timing = measure(sometimes_stalls, settings)
+    timing = measure(takes(lambda n: 0.05 if n == 6 else 0.001), settings)
     times = parse_times(timing.times_ms)
     assert len(times) == timing.reps == 10 and times.max() > 40
     assert not timing.stable and timing.mean_ms / timing.median_ms > 1.10
-    steady = measure(lambda: time.sleep(0.002), settings)
+    steady = measure(takes(lambda n: 0.002), settings)
     assert steady.cv < 0.10 and steady.stable
 
 
