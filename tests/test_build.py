@@ -495,6 +495,14 @@ def test_timing_pitfalls_rows_on_cpu(cpu_extension, monkeypatch: pytest.MonkeyPa
     assert table["correct"].all()
 
 
+def test_the_pitfalls_figure_names_the_timer_the_measured_rows_used() -> None:
+    from gpulab.report.sections.build import method_label
+
+    assert "host clock" in method_label("measured", "perf_counter")
+    assert "device events" in method_label("measured", "device_event")
+    assert "device" not in method_label("tutorial", "host_clock")
+
+
 def test_broken_kernel_source_fails_the_step_with_the_compiler_message(tmp_path: Path) -> None:
     src = copy_sources(tmp_path / "src")
     ops = src / "ops.cpp"

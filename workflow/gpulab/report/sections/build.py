@@ -8,6 +8,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 from gpulab.report import plots
 from gpulab.report.results import number
@@ -19,10 +20,16 @@ TITLE = "Build: standalone HIP program and PyTorch extension"
 TEMPLATE = "build.html.j2"
 
 METHOD_LABELS = {
-    "tutorial": "tutorial: 1 cold call, custom op first",
-    "tutorial_reversed": "tutorial: 1 cold call, x + y first",
-    "measured": "measured: warm-up, device events, median",
+    "tutorial": "tutorial:\n1 cold call,\ncustom op first",
+    "tutorial_reversed": "tutorial:\n1 cold call,\nx + y first",
+    "measured": "measured:\nwarm-up, {timer},\nmedian",
 }
+TIMER_NAMES = {"device_event": "device events", "perf_counter": "host clock"}
+
+
+def method_label(method: str, timer: object) -> str:
+    """A bar's label; the measured one names the timer its rows used (device events only on a GPU)."""
+    return METHOD_LABELS[method].format(timer=TIMER_NAMES.get(str(timer), str(timer)))
 
 
 def _rows(df: pd.DataFrame, target: str) -> pd.DataFrame:
@@ -129,7 +136,13 @@ def pitfalls_figure(pit: pd.DataFrame, target: str) -> plots.Figure | None:
             ax.annotate(f"{value:.3g}", (pos, value), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
                         textcoords="offset points")
     ax.set_yscale("log")
-    ax.set_xticks(range(len(methods)), [METHOD_LABELS[m] for m in methods], fontsize=8)
+    plain = FuncFormatter(lambda value, _: f"{value:g}")  # 22, not 2.2x10^1
+    ax.yaxis.set_major_formatter(plain)
+    low, high = ax.get_ylim()
+    if high < 10 * low:  # within a decade only the minor ticks are labelled
+        ax.yaxis.set_minor_formatter(plain)
+    timers = {m: ok.loc[ok["method"] == m, "timer"].iloc[0] for m in methods}
+    ax.set_xticks(range(len(methods)), [method_label(m, timers[m]) for m in methods], fontsize=8)
     ax.set_ylabel("reported time (ms, log scale)")
     ax.set_title(target, loc="left")
     ax.legend(title="implementation", frameon=False)
