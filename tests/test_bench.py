@@ -263,6 +263,50 @@ def test_the_gate_checks_the_output_of_the_last_timed_call():
     assert row["status"] == "incorrect" and row["reason"].startswith("the last timed call:")
 
 
+def test_on_cpu_the_last_timed_call_with_the_gates_bits_reuses_its_check_and_still_checks_the_inputs(monkeypatch):
+    """The float64 reference is computed once per case on a CPU: the last timed call returned the gate's bits
+    from the gate's inputs, so the gate's figures are its own. Anything else is checked in full."""
+    from gpulab.bench import correctness
+    from gpulab.bench.runner import keeps_gate_output
+
+    assert keeps_gate_output(CPU) and not keeps_gate_output(gpu(80))
+    references = []
+    real_check = correctness.check
+    monkeypatch.setattr(correctness, "check", lambda *a, **k: references.append(1) or real_check(*a, **k))
+    flushed = replace(FAST, flush_cache=True)  # one input set: the gate's
+    row = run_case(Case("gelu", "native", (ODD_ELEMENTS,), "fp32", "cpu"), ctx(), flushed)
+    assert row["status"] == "ok" and len(references) == 1 and row["rel_err"] < 1e-6
+
+    calls = []  # the gate's bits every time, but a later call changes its input first
+
+    def mutates_later(case, inputs, out):
+        def run():
+            calls.append(1)
+            if len(calls) == 1:
+                calls.append(manual_gelu(inputs[0]))
+            else:
+                inputs[0][0] += 1.0
+            return calls[1].clone()
+
+        return run
+
+    registry = Registry()
+    registry.register("gelu", "under_test")(mutates_later)
+    row = run_case(Case("gelu", "under_test", (ODD_ELEMENTS,), "fp32", "cpu"), ctx(), flushed, registry=registry)
+    assert row["status"] == "incorrect" and "changed its input 0" in row["reason"]
+
+    references.clear()
+    noisy = iter(range(10**6))  # right to within the tolerance, but other bits from the second call on
+
+    def jitters(case, inputs, out):
+        return lambda: manual_gelu(inputs[0]) * (1 + 1e-7 * min(1, next(noisy)))
+
+    registry = Registry()
+    registry.register("gelu", "under_test")(jitters)
+    row = run_case(Case("gelu", "under_test", (ODD_ELEMENTS,), "fp32", "cpu"), ctx(), flushed, registry=registry)
+    assert row["status"] == "ok" and len(references) == 2  # checked in full again
+
+
 def test_the_timed_closure_is_the_checked_one_with_its_poisoned_out_buffer():
     made = []
 

@@ -39,8 +39,8 @@ MAX_MEAN_OVER_MEDIAN = 1.10
 MAX_CV = 0.10
 MIN_STABLE_REPS = 5
 # Wall-time cap of one measurement (``max_wall_s: auto``). On a CPU each repetition is preceded by a flush
-# that costs ~10-20 ms, which this cap, not the op, sets the cost of for small ops: 1 s still gives 50-100
-# repetitions, and the default CPU run spends minutes less flushing.
+# (a 64 MiB read: ~2 ms on the idle 2-core CI machine, ~9 ms while the workflow's other work runs), which this
+# cap, not the op, sets the cost of for small ops: 1 s still gives 50-100 repetitions.
 GPU_MAX_WALL_S = 3.0
 CPU_MAX_WALL_S = 1.0
 # Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): on the shared
