@@ -453,13 +453,16 @@ RAISE_LIMIT = 1.05
 
 def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
     """Each bandwidth-bound ok row's ceiling raised to the fastest row of the same pattern, dtype and tensor size
-    where that row beat every dedicated method by at most RAISE_LIMIT. Those rows move exactly the pattern's
-    bytes, so the fastest of them is as much a measured limit as a copy is; ``dedicated_ceiling_gbps`` keeps the
-    methods' figure, and a row that beat them beyond the spread of both is no longer ``above_ceiling`` once it is
-    the ceiling. A row beyond RAISE_LIMIT raises nothing: it stays above 100% and red, as a byte count (or a
-    timing) not to be trusted."""
+    where that row beat every dedicated method by at most RAISE_LIMIT, or by more but within the spread of both
+    (``above_ceiling`` false: on the shared 2-core CPU an add measured 24% above torch.add at p90/p10 spreads of
+    1.3 each, one noisy median against another). Those rows move exactly the pattern's bytes, so the fastest of
+    them is as much a measured limit as a copy is; ``dedicated_ceiling_gbps`` keeps the methods' figure, and a row
+    that beat them beyond the spread of both is no longer ``above_ceiling`` once it is the ceiling. A row beyond
+    both RAISE_LIMIT and the spread raises nothing: it stays above 100% and red, as a byte count (or a timing)
+    not to be trusted."""
     df = rows.assign(dedicated_ceiling_gbps=rows["ceiling_gbps"])
-    plausible = df["gbps"] <= df["ceiling_gbps"] * RAISE_LIMIT
+    within_spread = df["above_ceiling"].astype(str).str.lower().eq("false")
+    plausible = (df["gbps"] <= df["ceiling_gbps"] * RAISE_LIMIT) | within_spread
     judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna() & plausible
     keys = ["pattern", "dtype", "tensor_bytes"]
     for _, group in df[judged].groupby(keys):
