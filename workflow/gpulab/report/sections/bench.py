@@ -270,8 +270,10 @@ def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, l
             f"implementation and dtype on {label}, with the measured {pattern} ceiling",
             caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dashed: the {pattern} ceiling (best of several "
                     f"methods) at its largest measured size; '{SAME_SIZE}': the {pattern} ceiling measured at each "
-                    "case's own size, which its '% of ceiling' is relative to. Where that line is below half the "
-                    "dashed one the size is latency-bound and has no '% of ceiling'.",
+                    "case's own size, which its '% of ceiling' is relative to (where a case beat every method at its "
+                    "size, the fastest case: see Methodology). Where that line is below half the dashed one the size "
+                    "is latency-bound and has no '% of ceiling'; a case above the dashed line is not above its "
+                    "ceiling, which is the same-size one.",
             data_columns=["impl", "size", "dtype", "status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
                           "gbps", "pattern", "ceiling_gbps", "ceiling_bytes", "ceiling_method", "regime",
                           "pct_of_ceiling", "rel_err", "cold_call_ms", "throttled", "reason"]))
