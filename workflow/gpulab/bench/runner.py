@@ -144,8 +144,7 @@ class _Pending:
     case: Case
     sets: list[Prepared]
     saved: list[Any]
-    gate: dict[str, Any]
-    checked: CheckResult
+    gate: CheckResult
     kept: Any = None  # the gate's output (CPU only): a bit-identical last timed call reuses its check
     measurement: Measurement | None = None
 
@@ -166,7 +165,7 @@ def _gate(index: int, case: Case, ctx: BenchContext, settings: TimingSettings, r
     n_sets = rotation_sets(settings, ctx.info, _set_bytes(case))
     sets = [first] + [prepare(impl, case, spec.make_inputs(case.shape, dtype, case.device, seed=seed + 1 + i))
                       for i in range(n_sets - 1)]
-    return row, _Pending(index, case, sets, saved, row, gate, kept)
+    return row, _Pending(index, case, sets, saved, gate, kept)
 
 
 def keeps_gate_output(info: DeviceInfo) -> bool:
@@ -186,10 +185,10 @@ def _checked_row(pending: _Pending) -> dict[str, Any]:
     # The inputs of the last timed call are checked against the first set's snapshot only when that is
     # the set it used; other sets are checked for the output value.
     saved = pending.saved if index == 0 else snapshot(pending.sets[index].inputs)
-    gate = pending.gate
+    gate = pending.gate.as_row()
     # Set 0 is the one the gate checked: the same bits from it pass with the gate's figures.
-    again = check_output_again(pending.case, pending.sets[index], result, saved, gate["tolerance"],
-                               pending.kept if index == 0 else None, pending.checked)
+    again = check_output_again(pending.case, pending.sets[index], result, saved, pending.gate.tolerance,
+                               pending.kept if index == 0 else None, pending.gate)
     row = {**gate, "rel_err": max(gate["rel_err"], again.rel_err),
            "element_err_ratio": max(gate["element_err_ratio"], again.element_ratio),
            "max_abs_err": max(gate["max_abs_err"], again.max_abs_err)}
@@ -247,7 +246,7 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
     synchronize(ctx.info)
     before = gpu_state(ctx.info.backend)
     for item, exc in _interleave(pending, span_s):
-        rows[item.index] = _failure(item.case, exc, item.gate["tolerance"])
+        rows[item.index] = _failure(item.case, exc, item.gate.tolerance)
         pending.remove(item)
     after = gpu_state(ctx.info.backend)
     state = {"gpu_before": state_text(before), "gpu_after": state_text(after), "throttled": throttled(before, after)}
@@ -255,7 +254,7 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
         try:
             rows[timed.index] = {**_checked_row(timed), **state}
         except Exception as exc:
-            rows[timed.index] = _failure(timed.case, exc, timed.gate["tolerance"])
+            rows[timed.index] = _failure(timed.case, exc, timed.gate.tolerance)
     return rows
 
 
