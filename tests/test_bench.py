@@ -61,10 +61,11 @@ from gpulab.ceilings import (
 )
 from gpulab.device import DeviceInfo
 from gpulab.tables import SchemaError
-from gpulab.timing import TimingSettings, parse_times, rotation_sets
+from gpulab.timing import TimingSettings, parse_times, rotation_sets, summarize
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
-FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False, min_span_s=0)
+FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False, min_span_s=0,
+                      reference=False)
 CPU = DeviceInfo(backend="cpu", torch_version=torch.__version__, hip_version=None, cuda_version=None,
                  gpu_available=False, reason="PyTorch is a CPU-only build")
 GIB = 2**30
@@ -612,6 +613,30 @@ def test_a_cell_takes_its_cases_blocks_in_turn_over_the_minimum_span():
     assert [r["status"] for r in rows] == ["failed", "ok"] and rows[0]["reason"] == "RuntimeError: device lost"
 
 
+def test_a_cpu_cell_times_the_reference_beside_each_case_and_places_the_case_against_it(tmp_path):
+    """timing.reference (auto: on a CPU, off on a GPU): the pattern's reference method at each case's size and
+    dtype, one block after each of the case's; where it beat the ceilings job's figure it is the row's ceiling."""
+    assert TimingSettings().for_device(CPU).reference is True
+    assert TimingSettings().for_device(gpu(80)).reference is False
+    CEILINGS.write(_ceiling_rows({"copy": 1e-3, "add": 1e6}), tmp_path / "ceilings.csv")
+    ceilings = Ceilings.load(tmp_path / "ceilings.csv")
+    settings = replace(FAST, reference="auto")
+    for op, method, raised in (("gelu", "memcpy", True), ("add", "torch.add", False)):
+        rows = run_cell(op, "native", shapes=[(1 << 16,)], dtypes=["fp32", "bf16"], settings=settings, ctx=ctx(),
+                        fingerprint="fp", ceilings=ceilings, progress=False)
+        for row in rows:
+            assert row["status"] == "ok" and row["reference_method"] == method and row["reference_gbps"] > 0
+            assert row["reference_times_ms"].count("|") == row["times_ms"].count("|") > 0
+            assert f"each block beside one of {method}" in row["method"]
+            if raised:  # the job's copy ceiling (1e-3 GB/s) is far below the memcpy timed beside the case
+                assert row["ceiling_method"] == "memcpy (timed beside the case)"
+                assert row["ceiling_gbps"] == row["dedicated_ceiling_gbps"] == row["reference_gbps"]
+            else:
+                assert row["ceiling_method"] == "torch" and row["ceiling_gbps"] == 1e6
+    BENCH.write(rows, tmp_path / "add.csv")
+    assert BENCH.read(tmp_path / "add.csv")["reference_method"].eq("torch.add").all()
+
+
 def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_limit_fails_loudly(monkeypatch):
     import gpulab.bench.impls as impls
 
@@ -762,6 +787,11 @@ def test_no_ok_bandwidth_row_exceeds_its_ceiling_beyond_the_spread(run):
     above = []
     for r in ok.itertuples(index=False):
         hit = ceilings.lookup(r.pattern, r.dtype, r.tensor_bytes)
+        if pd.notna(r.reference_gbps) and r.reference_gbps > hit.gbps:
+            # the reference timed beside the row beat the ceilings job's methods: it is the dedicated ceiling
+            stats = summarize(parse_times(r.reference_times_ms))
+            hit = Hit(r.reference_gbps, hit.tensor_bytes, f"{r.reference_method} (timed beside the case)",
+                      stats["p90_ms"] / stats["p10_ms"], hit.plateau)
         assert hit.gbps == pytest.approx(r.dedicated_ceiling_gbps)
         # The ceiling is the dedicated methods' unless a row of the same traffic beat them all.
         raised = r.ceiling_gbps > hit.gbps * (1 + 1e-12)

@@ -68,6 +68,9 @@ CEILINGS = TableSchema(
 # Tensor-sized transfers per element of each pattern: reads + writes.
 PATTERN_TRANSFERS = {"read": 1, "copy": 2, "add": 3}
 PATTERN_INPUTS = {"read": 1, "copy": 1, "add": 2}
+# The method a CPU bench cell times beside each of its cases, a block of each in turn (``timing.reference``):
+# the runtime's own, which every device has.
+REFERENCE_METHODS = {"read": "torch.sum", "copy": "memcpy", "add": "torch.add"}
 MEMORY_PATTERNS = tuple(PATTERN_TRANSFERS)
 MiB = 2**20
 # A size is latency-bound when its ceiling is below this share of the pattern's plateau (its ceiling at the
@@ -176,20 +179,36 @@ def timed_row(closures: Sequence[Closure], timing: TimingSettings, info: DeviceI
     return {"status": "ok", "reason": "", **measure(list(closures), timing, info).as_row()}
 
 
+def pattern_sets(pattern: str, dtype: str, tensor_bytes: int, timing: TimingSettings,
+                 info: DeviceInfo) -> list[tuple[list[Any], Any]]:
+    """The (inputs, output buffer) sets a method of the pattern rotates over at one size and dtype."""
+    import torch
+
+    numel = tensor_bytes // ITEMSIZE[dtype]
+    dev, tdtype = info.torch_device, torch_dtype(dtype)
+    n_sets = rotation_sets(timing, info, (PATTERN_INPUTS[pattern] + 1) * tensor_bytes)
+    return [([torch.randn(numel, device=dev).to(tdtype) for _ in range(PATTERN_INPUTS[pattern])],
+             torch.empty(numel, device=dev, dtype=tdtype)) for _ in range(n_sets)]
+
+
+def reference_closures(pattern: str, dtype: str, tensor_bytes: int, timing: TimingSettings,
+                       info: DeviceInfo) -> tuple[str, list[Closure]]:
+    """The pattern's reference method (REFERENCE_METHODS) over its input sets, for a bench cell to time beside
+    a case of that size and dtype (``timing.reference``)."""
+    name = REFERENCE_METHODS[pattern]
+    builder = pattern_methods(pattern, "not a reference", "not a reference")[name]
+    assert not isinstance(builder, str)
+    return name, [builder(ins, out) for ins, out in pattern_sets(pattern, dtype, tensor_bytes, timing, info)]
+
+
 def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mapping[str, Builder | str],
                     timing: TimingSettings, info: DeviceInfo) -> list[dict[str, Any]]:
     """All methods of one pattern at one size and dtype: one row each (the GPU state: see with_state)."""
-    import torch
-
     timing = timing.for_device(info)  # the screen scales its settings: auto values resolved first
-    numel = tensor_bytes // ITEMSIZE[dtype]
-    moved = PATTERN_TRANSFERS[pattern] * numel * ITEMSIZE[dtype]
-    dev, tdtype = info.torch_device, torch_dtype(dtype)
+    moved = PATTERN_TRANSFERS[pattern] * tensor_bytes
     base = {"kind": pattern, "dtype": dtype, "size": str(tensor_bytes), "tensor_bytes": tensor_bytes,
             "bytes_moved": moved}
-    n_sets = rotation_sets(timing, info, (PATTERN_INPUTS[pattern] + 1) * tensor_bytes)
-    sets = [([torch.randn(numel, device=dev).to(tdtype) for _ in range(PATTERN_INPUTS[pattern])],
-             torch.empty(numel, device=dev, dtype=tdtype)) for _ in range(n_sets)]
+    sets = pattern_sets(pattern, dtype, tensor_bytes, timing, info)
 
     def timed(name: str, builder: Builder, settings: TimingSettings) -> dict[str, Any]:
         try:

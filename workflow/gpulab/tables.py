@@ -53,7 +53,7 @@ TIMING_KINDS = {
     "times_ms": "str",
 }
 # Columns added after tables were first recorded: older tables read back with them empty.
-LATER_COLUMNS = ("stable", "times_ms")
+LATER_COLUMNS = ("stable", "times_ms", "reference_method", "reference_gbps", "reference_times_ms")
 assert set(TIMING_KINDS) == set(TIMING_COLUMNS), "timing columns drifted from gpulab.timing.Timing"
 MEASURE_COLUMNS = tuple(Column(name, kind, "see gpulab.timing") for name, kind in TIMING_KINDS.items())
 

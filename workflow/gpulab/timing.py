@@ -45,11 +45,21 @@ GPU_MAX_WALL_S = 3.0
 CPU_MAX_WALL_S = 1.0
 # Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): on the shared
 # 2-core CI machine a case's speed shifts by 30-60% in states that last seconds, so a quicker cell sees one
-# state in one run and another in the next. An A/A pair of CPU runs flagged 3 and 8 of 24 cells with 3 s,
-# 1 with 10 s (tests/test_compare.py); later, within one hour, 7, 8, 6 and 4 of 24 with 5 s, 4 and 1 with 10 s.
-# It is ~150 s of the default CPU run (15 timed cells), and the reason that run stays above 4 minutes.
-CPU_MIN_SPAN_S = 10.0
+# state in one run and another in the next. Judged on the times alone, A/A pairs of CPU runs
+# (tests/test_compare.py) flagged 3 and 8 of 24 cells with 3 s; 7, 8, 6, 4, 2, 7, 1, 1, 5 with 5 s; 4, 1, 5
+# and (on CI) 5, 5 with 10 s: states outlast even 10 s. With the reference timed beside each case (below)
+# and a change flagged only where the time relative to it changed too, 5 s flagged 0, 0, 0, 0, 3, 1 of 24
+# with the reference at the case's budget, then 0, 0, 0, 1 at its quarter budget (the same four pairs judged on
+# the times alone: 7, 8, 6, 5), and 10 s 1, within one hour on one machine: the reference, not a longer span,
+# takes out the machine's state, so the span is 5 s (it was 10 s; the references took back what that saved).
+CPU_MIN_SPAN_S = 5.0
 GPU_MIN_SPAN_S = 1.0
+# Whether a bench cell times its pattern's reference method beside each case, a block of each in turn
+# (``reference: auto``): on a CPU, whose shared state moves a whole cell by 30-60% for seconds, the reference
+# moves with it, so the run-vs-run comparison judges each case's time relative to it. Off on a GPU: its blocks
+# agree to about 1% (no drift to cancel), and each reference would add to a run already over its time goal.
+CPU_REFERENCE = True
+GPU_REFERENCE = False
 # Largest allocation held during a block to move the op's outputs (several pages, so both the offset
 # within a page and the cache sets an output maps to change).
 LAYOUT_SHIM_BYTES = 64 * 2**10
@@ -66,6 +76,7 @@ class TimingSettings:
     flush_cache: bool = True
     blocks: int = 8
     min_span_s: float | str = "auto"
+    reference: bool | str = "auto"
 
     @classmethod
     def from_config(cls, timing_config: Mapping[str, Any] | None) -> TimingSettings:
@@ -80,6 +91,8 @@ class TimingSettings:
             resolved = replace(resolved, max_wall_s=GPU_MAX_WALL_S if gpu else CPU_MAX_WALL_S)
         if self.min_span_s == "auto":
             resolved = replace(resolved, min_span_s=GPU_MIN_SPAN_S if gpu else CPU_MIN_SPAN_S)
+        if self.reference == "auto":
+            resolved = replace(resolved, reference=GPU_REFERENCE if gpu else CPU_REFERENCE)
         return resolved
 
 
@@ -273,6 +286,12 @@ class Measurement:
     def last(self) -> tuple[int, object]:
         """(closure index, return value) of the last timed call, so the caller can check what was timed."""
         return self.timer.last
+
+    def pair_with(self, other: Measurement) -> None:
+        """Take this measurement's repetitions in as many blocks as ``other``, so it can time one block beside
+        each of the other's (a reference paired block by block with a case)."""
+        blocks = len(other.plan)
+        self.plan = _split(max(sum(self.plan), blocks), blocks)
 
     def step(self) -> None:
         """Time the next block."""

@@ -11,7 +11,10 @@ whether its timing was stable and records the GPU's clocks, temperature, power a
 before and after. It is placed against its access pattern's ceiling at its own tensor size (the ceilings are
 measured at every size of the matrix; the nearest measured size only for a size outside it) and gets a
 ``regime``: ``latency`` where that ceiling is below half the pattern's plateau, so bandwidth is not what
-sets the time (no percentage, not judged against the ceiling), else ``bandwidth``.
+sets the time (no percentage, not judged against the ceiling), else ``bandwidth``. Where ``timing.reference`` is
+on (auto: on a CPU) each case is timed beside its pattern's reference method at its own size and dtype, a block of
+each in turn: the row keeps the reference's times for ``gpulab compare``, and where the reference ran faster than
+the ceilings job's methods (which met the machine at another moment) it is the row's ceiling.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,16 @@ from gpulab.bench.correctness import (
 )
 from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
-from gpulab.ceilings import MISS, STATE_COLUMNS, Ceilings, Hit, placement, raise_to_fastest
+from gpulab.ceilings import (
+    MISS,
+    PATTERN_TRANSFERS,
+    STATE_COLUMNS,
+    Ceilings,
+    Hit,
+    placement,
+    raise_to_fastest,
+    reference_closures,
+)
 from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
 from gpulab.smi import gpu_state, state_text, throttled
@@ -52,6 +64,11 @@ log = logging.getLogger(__name__)
 # on a GPU a fraction of its memory, so a cell of GiB-sized cases is timed a few at a time.
 GPU_INTERLEAVE_FRACTION = 0.125
 CPU_INTERLEAVE_BYTES = 2 * 2**30
+# The reference timed beside a case (timing.reference) serves by the median of each of its blocks, not by its
+# distribution, so it gets a quarter of the case's time budget (at full budget it took a CPU cell from ~9 s of
+# work to ~17 s), and enough repetitions that each block has a median.
+REFERENCE_SHARE = 0.25
+REFERENCE_REPS_PER_BLOCK = 3
 
 BENCH = TableSchema(
     "bench",
@@ -83,7 +100,7 @@ BENCH = TableSchema(
                "the dedicated methods (dedicated_ceiling_gbps), or the fastest row of the same pattern, dtype and "
                "size where that row beat them all (ceiling_method then names it)"),
         Column("dedicated_ceiling_gbps", "float", "the best of the dedicated ceiling methods at this size "
-               "(bench/ceilings.csv)"),
+               "(bench/ceilings.csv, or the reference timed beside the case where that was faster)"),
         Column("ceiling_bytes", "int", "tensor size that ceiling was measured at: tensor_bytes (exact), or the "
                "nearest measured size when the ceilings were measured for another matrix"),
         Column("ceiling_method", "str", "the method that set that ceiling"),
@@ -94,6 +111,12 @@ BENCH = TableSchema(
         Column("above_ceiling", "bool", "gbps exceeds the dedicated ceiling by more than the spread (p90/p10) of both: "
                "then the ceiling is not trustworthy; empty for latency rows (not judged)"),
         Column("method", "str", "how the time was taken: timer, cache policy, reps"),
+        Column("reference_method", "str", "the pattern's reference method timed beside the case, a block of it "
+               "after each of the case's (timing.reference; empty where off): memcpy | torch.add"),
+        Column("reference_gbps", "float", "the reference's GB/s at the case's tensor size and dtype, in the case's "
+               "span; where above the ceilings job's figure it is the row's ceiling"),
+        Column("reference_times_ms", "str", "the reference's repetition times, blocks separated by | and paired "
+               "with the case's: gpulab compare judges the case's time relative to them"),
         *STATE_COLUMNS,
     ),
     measured=True,
@@ -147,6 +170,8 @@ class _Pending:
     gate: CheckResult
     kept: Any = None  # the gate's output (CPU only): a bit-identical last timed call reuses its check
     measurement: Measurement | None = None
+    reference: Measurement | None = None  # the pattern's reference method, a block beside each of the case's
+    reference_method: str = ""
 
 
 def _gate(index: int, case: Case, ctx: BenchContext, settings: TimingSettings, registry: Registry,
@@ -194,7 +219,15 @@ def _checked_row(pending: _Pending) -> dict[str, Any]:
            "max_abs_err": max(gate["max_abs_err"], again.max_abs_err)}
     if not again.passed:
         return {**row, "status": "incorrect", "reason": f"the last timed call: {again.reason}"}
-    return {**row, "status": "ok", "reason": "", **pending.measurement.timing().as_row()}
+    return {**row, "status": "ok", "reason": "", **pending.measurement.timing().as_row(), **_reference_row(pending)}
+
+
+def _reference_row(pending: _Pending) -> dict[str, Any]:
+    if pending.reference is None:
+        return {}
+    timing = pending.reference.timing()
+    return {"reference_method": pending.reference_method, "reference_times_ms": timing.times_ms,
+            "reference_ms": timing.median_ms, "reference_spread": timing.p90_ms / timing.p10_ms}
 
 
 def _failure(case: Case, exc: BaseException, tolerance: float) -> dict[str, Any]:
@@ -205,14 +238,31 @@ def _failure(case: Case, exc: BaseException, tolerance: float) -> dict[str, Any]
     return {"tolerance": tolerance, "status": status, "reason": _short(exc)}
 
 
+def _with_reference(case: Case, row: dict[str, Any], ceiling: Hit) -> tuple[dict[str, Any], Hit]:
+    """The row with its reference's rate, and the ceiling raised to that reference where it was faster than
+    the ceilings job's methods (timed beside the case, it met the machine in the case's own state)."""
+    if "reference_ms" not in row:
+        return row, ceiling
+    spec = op_spec(case.op)
+    tensor_bytes = spec.numel(case.shape) * ITEMSIZE[case.dtype]
+    reference = PATTERN_TRANSFERS[spec.pattern] * tensor_bytes / (row["reference_ms"] / 1e3) / 1e9
+    if not math.isnan(ceiling.gbps) and reference > ceiling.gbps:
+        ceiling = Hit(reference, tensor_bytes, f"{row['reference_method']} (timed beside the case)",
+                      row["reference_spread"], ceiling.plateau)
+    kept = {k: v for k, v in row.items() if k not in ("reference_ms", "reference_spread")}
+    return {**kept, "reference_gbps": reference}, ceiling
+
+
 def _with_figures(case: Case, row: dict[str, Any], ceiling: Hit) -> dict[str, Any]:
     """An ok row with its rates and its place against the ceiling; other rows as they are."""
     if row["status"] != "ok":
         return row
+    row, ceiling = _with_reference(case, row, ceiling)
     spec = op_spec(case.op)
     bytes_moved = spec.bytes_moved(case.shape, ITEMSIZE[case.dtype])
     gbps = bytes_moved / (row["median_ms"] / 1e3) / 1e9
     blocks = row["times_ms"].count(BLOCK_SEPARATOR) + 1
+    reference = f", each block beside one of {row['reference_method']}" if row.get("reference_method") else ""
     return {
         **row,
         "gbps": gbps,
@@ -221,7 +271,7 @@ def _with_figures(case: Case, row: dict[str, Any], ceiling: Hit) -> dict[str, An
         "gflops": spec.flops(case.shape) / (row["median_ms"] / 1e3) / 1e9,
         **placement(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
         "method": f"{row['timer']}, median of {row['reps']} reps in {blocks} blocks taken in turn with the "
-                  f"cell's other cases, cache {row['cache_policy']}",
+                  f"cell's other cases{reference}, cache {row['cache_policy']}",
     }
 
 
@@ -240,6 +290,8 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
             if checked is not None:
                 checked.measurement = Measurement([p.closure for p in checked.sets], settings, ctx.info, flusher,
                                                   interleaved=True)
+                if settings.for_device(ctx.info).reference:
+                    _add_reference(checked, settings, ctx.info, flusher)
                 pending.append(checked)
         except Exception as exc:
             rows[index] = _failure(case, exc, tolerance)
@@ -258,6 +310,25 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
     return rows
 
 
+def reference_settings(settings: TimingSettings, info: DeviceInfo) -> TimingSettings:
+    """A share of the case's time and wall budget, and at least REFERENCE_REPS_PER_BLOCK repetitions a block."""
+    resolved = settings.for_device(info)
+    least = max(resolved.min_reps, REFERENCE_REPS_PER_BLOCK * resolved.blocks)
+    return replace(resolved, min_time_s=resolved.min_time_s * REFERENCE_SHARE, min_reps=least,
+                   max_wall_s=float(resolved.max_wall_s) * REFERENCE_SHARE, max_reps=max(resolved.max_reps, least))
+
+
+def _add_reference(pending: _Pending, settings: TimingSettings, info: DeviceInfo, flusher: CacheFlusher) -> None:
+    """The pattern's reference method at the case's size and dtype, in as many blocks as the case."""
+    spec = op_spec(pending.case.op)
+    tensor_bytes = spec.numel(pending.case.shape) * ITEMSIZE[pending.case.dtype]
+    name, closures = reference_closures(spec.pattern, pending.case.dtype, tensor_bytes, settings, info)
+    pending.reference_method = name
+    pending.reference = Measurement(closures, reference_settings(settings, info), info, flusher, interleaved=True)
+    assert pending.measurement is not None
+    pending.reference.pair_with(pending.measurement)
+
+
 def _interleave(pending: Sequence[_Pending], span_s: float) -> list[tuple[_Pending, BaseException]]:
     """Block 1 of every measurement, then block 2, ...; rounds are paced so that they span at least
     ``span_s``; a measurement that raises leaves the rotation."""
@@ -270,6 +341,8 @@ def _interleave(pending: Sequence[_Pending], span_s: float) -> list[tuple[_Pendi
             assert item.measurement is not None
             try:
                 item.measurement.step()
+                if item.reference is not None:
+                    item.reference.step()
             except Exception as exc:
                 failed.append((item, exc))
                 active.remove(item)
@@ -292,6 +365,8 @@ def _groups(cases: Sequence[tuple[int, Case, int]], settings: TimingSettings,
         out_bytes = op_spec(case.op).numel(case.shape) * ITEMSIZE[case.dtype]
         need = (rotation_sets(settings, info, _set_bytes(case)) + 1) * (_set_bytes(case) + out_bytes)
         need += out_bytes if keeps_gate_output(info) else 0
+        if settings.for_device(info).reference:  # the reference's input sets and outputs, of the same sizes
+            need += rotation_sets(settings, info, _set_bytes(case)) * (_set_bytes(case) + out_bytes)
         if used + need > budget:
             groups.append([])
             used = 0

@@ -14,6 +14,16 @@ of the same build differ by 5-35%. ``gpulab.timing.measure`` re-draws those cond
 blocks, so the spread between blocks is a sample of the spread between runs, and resampling blocks
 carries it into the interval. Rows recorded before blocks existed are cut into consecutive chunks of
 their timed sequence (a block bootstrap of a time series), which carries at least the drift within them.
+
+A state of a shared machine can outlast a whole cell: on the 2-core CI machine every case of one cell ran
+20-44% faster in one run of an A/A pair than in the other. Where both runs timed the pattern's reference
+method beside each case (bench rows' ``reference_times_ms``, a block of it after each of the case's), a
+change is flagged only where the times relative to the reference changed the same way too: each block of
+the case divided by the median of its reference block, judged by the same rule. A change of the machine
+moves the case and the reference alike, an edit of the kernel only the case; a reference of a few
+microseconds is itself noisy, which the time alone is not. Requiring both keeps the false-flag rate at most
+that of either (an intersection-union test); ``change_pct`` stays the change of the time, and the note
+gives the relative change and the reference's own.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from gpulab.report.results import METADATA_COLUMNS, key_columns, number
+from gpulab.timing import parse_blocks
 
 # Throughput columns, best first: where an artifact has one, targets are compared on it (higher is
 # better) so cells at different problem sizes (sizes scale with each device) still compare.
@@ -238,12 +249,12 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> float:
 
 
 RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable")
+# What the verdict reads but the table does not show.
+PAIRING_COLUMNS = ("times_ms", "reference_times_ms", "reference_method")
 
 
 def _cell_times(row: Mapping[str, Any]) -> list[np.ndarray]:
     """A row's repetition times (ms) by block; a throughput-only row (tok/s) gives its per-token time once."""
-    from gpulab.timing import parse_blocks
-
     blocks = parse_blocks(row.get("times_ms"))
     if blocks:
         return blocks
@@ -251,6 +262,31 @@ def _cell_times(row: Mapping[str, Any]) -> list[np.ndarray]:
     if math.isnan(median) and number(row.get("tok_s")) > 0:
         median = 1e3 / number(row.get("tok_s"))
     return [np.array([median])] if not math.isnan(median) else []
+
+
+def _relative_blocks(row: Mapping[str, Any]) -> list[np.ndarray] | None:
+    """Each block of the row's times over the median of the reference block timed beside it; None where the
+    row has no reference paired block by block."""
+    blocks, references = parse_blocks(row.get("times_ms")), parse_blocks(row.get("reference_times_ms"))
+    if not blocks or len(references) != len(blocks):
+        return None
+    return [block / np.median(reference) for block, reference in zip(blocks, references, strict=True)]
+
+
+def _paired_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float) -> Verdict:
+    """The verdict on the times; where both runs timed a reference beside the case, a change stands only if the
+    times relative to it changed the same way (see the module doc), and the note gives both changes."""
+    times = times_verdict(_cell_times(a), _cell_times(b), min_effect)
+    relative_a, relative_b = _relative_blocks(a), _relative_blocks(b)
+    if relative_a is None or relative_b is None or times.verdict == NO_VERDICT:
+        return times
+    relative = times_verdict(relative_a, relative_b, min_effect)
+    reference = _ratio(_flat(parse_blocks(a["reference_times_ms"])), _flat(parse_blocks(b["reference_times_ms"])))
+    method = b.get("reference_method") or "the reference"
+    verdict = times.verdict if times.verdict in (SLOWER, FASTER) and relative.verdict == times.verdict else WITHIN
+    note = (f"relative to {method} timed beside it: {100 * (relative.ratio - 1):+.1f}% ({relative.verdict}); "
+            f"{method} itself {100 * (reference - 1):+.1f}%")
+    return Verdict(verdict, times.ratio, times.ci_low, times.ci_high, note)
 
 
 def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
@@ -263,8 +299,8 @@ def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
         return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
     if status_a is not None and status_a != "ok":
         return Verdict(WITHIN, math.nan, math.nan, math.nan, f"{status_a} in both runs")
-    return times_verdict(_cell_times({k[:-2]: v for k, v in row.items() if k.endswith("_a")}),
-                         _cell_times({k[:-2]: v for k, v in row.items() if k.endswith("_b")}), min_effect)
+    return _paired_verdict({k[:-2]: v for k, v in row.items() if k.endswith("_a")},
+                           {k[:-2]: v for k, v in row.items() if k.endswith("_b")}, min_effect)
 
 
 def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = None,
@@ -272,7 +308,8 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) and judge each.
 
     Columns: the keys, ``verdict``, ``change_pct`` of the median time (positive: slower; per-token time
-    for rows that only have tok/s), the 95% CI of the time ratio, a note, and each run's
+    for rows that only have tok/s; relative to the reference where both runs timed one beside the case),
+    the 95% CI of that ratio, a note, and each run's
     ``status``/``median_ms``/``p10_ms``/``p90_ms``/``cv``/``reps``/``stable`` (suffixes ``_a``, ``_b``).
     """
     if keys is None:
@@ -281,7 +318,7 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     keys = [k for k in keys if k in a.columns and k in b.columns]
     if not keys:
         raise ValueError("cannot match rows of two runs without key columns")
-    keep = [c for c in (*RUN_COLUMNS, "times_ms", "tok_s") if c in a.columns or c in b.columns]
+    keep = [c for c in (*RUN_COLUMNS, *PAIRING_COLUMNS, "tok_s") if c in a.columns or c in b.columns]
     left = a.drop_duplicates(subset=keys)[[*keys, *[c for c in keep if c in a.columns]]]
     right = b.drop_duplicates(subset=keys)[[*keys, *[c for c in keep if c in b.columns]]]
     left = left.rename(columns={c: f"{c}_a" for c in keep if c in left.columns})
@@ -294,7 +331,7 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     merged["ratio 95% CI"] = [f"{v.ci_low:.4f}–{v.ci_high:.4f}" if v.ci_low == v.ci_low else "" for v in judged]
     merged["note"] = [v.note for v in judged]
     # What a reader looks for first (the verdict and the change) before the evidence, a run beside the other.
-    shown = [c for c in keep if c not in ("times_ms",)]
+    shown = [c for c in keep if c not in PAIRING_COLUMNS]
     evidence = [f"{c}_{side}" for c in shown for side in ("a", "b") if f"{c}_{side}" in merged.columns]
     merged = merged[[*keys, "verdict", "change_pct", "ratio 95% CI", "note", *evidence]]
     order = {v: i for i, v in enumerate(VERDICTS)}

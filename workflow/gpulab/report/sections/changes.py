@@ -2,7 +2,8 @@
 
 Each artifact of each target present in both runs is matched cell by cell. A cell is flagged faster
 or slower only when the 95% bootstrap CI of its ratio of medians excludes 1 and the change is at least
-the minimum effect (see :func:`gpulab.report.compare.times_verdict`); a changed status is always flagged.
+the minimum effect (see :func:`gpulab.report.compare.times_verdict`), and, where both runs timed a reference
+beside the case, the time relative to it changed the same way; a changed status is always flagged.
 What changed in the environment between the two runs is listed beside, since it is usually the explanation.
 """
 
