@@ -129,6 +129,11 @@ def test_key_columns_grow_until_rows_are_unique():
     keys = key_columns(kernels)
     assert {"variant", "target", "kernel"} <= set(keys) and "time_us" not in keys
     assert not kernels.duplicated(subset=keys).any()
+    # The GPU's state around a row names no cell: two runs' ceilings match whatever the clocks were.
+    ceilings = pd.DataFrame({"target": "t", "kind": "copy", "dtype": "fp32", "size": "1024",
+                             "method": ["memcpy", "torch.neg"], "gpu_before": ['{"sm_mhz": 1980}', '{"sm_mhz": 1755}'],
+                             "gpu_after": "{}", "throttled": "no", "gbps": [1.0, 2.0]})
+    assert key_columns(ceilings) == ["dtype", "size", "kind", "target", "method"]
 
 
 # ----------------------------------------------------------------------------- results index

@@ -22,8 +22,8 @@ change is flagged only where the times relative to the reference changed the sam
 the case divided by the median of its reference block, judged by the same rule. A change of the machine
 moves the case and the reference alike, an edit of the kernel only the case; a reference of a few
 microseconds is itself noisy, which the time alone is not. Requiring both keeps the false-flag rate at most
-that of either (an intersection-union test); ``change_pct`` stays the change of the time, and the note
-gives the relative change and the reference's own.
+that of either (an intersection-union test); ``change_pct`` stays the change of the time, beside
+``relative_change_pct`` and ``reference_change_pct``.
 """
 
 from __future__ import annotations
@@ -186,6 +186,8 @@ class Verdict:
     ci_low: float
     ci_high: float
     note: str = ""
+    relative: float = math.nan  # the same ratio of the times relative to the reference beside them, where paired
+    reference: float = math.nan  # the reference's own ratio of medians
 
 
 def _resampled_medians(blocks: Sequence[np.ndarray], rng: np.random.Generator, resamples: int) -> np.ndarray:
@@ -251,6 +253,8 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> float:
 RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable")
 # What the verdict reads but the table does not show.
 PAIRING_COLUMNS = ("times_ms", "reference_times_ms", "reference_method")
+# Where a cell was paired with a reference: the change of its time relative to it, and the reference's own change.
+PAIRED_CHANGES = {"relative_change_pct": "relative", "reference_change_pct": "reference"}
 
 
 def _cell_times(row: Mapping[str, Any]) -> list[np.ndarray]:
@@ -284,9 +288,8 @@ def _paired_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: floa
     reference = _ratio(_flat(parse_blocks(a["reference_times_ms"])), _flat(parse_blocks(b["reference_times_ms"])))
     method = b.get("reference_method") or "the reference"
     verdict = times.verdict if times.verdict in (SLOWER, FASTER) and relative.verdict == times.verdict else WITHIN
-    note = (f"relative to {method} timed beside it: {100 * (relative.ratio - 1):+.1f}% ({relative.verdict}); "
-            f"{method} itself {100 * (reference - 1):+.1f}%")
-    return Verdict(verdict, times.ratio, times.ci_low, times.ci_high, note)
+    return Verdict(verdict, times.ratio, times.ci_low, times.ci_high, f"relative to {method}: {relative.verdict}",
+                   relative.ratio, reference)
 
 
 def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
@@ -308,8 +311,9 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) and judge each.
 
     Columns: the keys, ``verdict``, ``change_pct`` of the median time (positive: slower; per-token time
-    for rows that only have tok/s; relative to the reference where both runs timed one beside the case),
-    the 95% CI of that ratio, a note, and each run's
+    for rows that only have tok/s), where some cell was timed beside a reference in both runs
+    ``relative_change_pct`` (of the time relative to it) and ``reference_change_pct`` (of the reference itself),
+    the 95% CI of the time ratio, a note, and each run's
     ``status``/``median_ms``/``p10_ms``/``p90_ms``/``cv``/``reps``/``stable`` (suffixes ``_a``, ``_b``).
     """
     if keys is None:
@@ -330,10 +334,13 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     merged["change_pct"] = [100.0 * (v.ratio - 1.0) for v in judged]
     merged["ratio 95% CI"] = [f"{v.ci_low:.4f}–{v.ci_high:.4f}" if v.ci_low == v.ci_low else "" for v in judged]
     merged["note"] = [v.note for v in judged]
+    paired = [c for c in PAIRED_CHANGES if any(not math.isnan(getattr(v, PAIRED_CHANGES[c])) for v in judged)]
+    for column in paired:
+        merged[column] = [100.0 * (getattr(v, PAIRED_CHANGES[column]) - 1.0) for v in judged]
     # What a reader looks for first (the verdict and the change) before the evidence, a run beside the other.
     shown = [c for c in keep if c not in PAIRING_COLUMNS]
     evidence = [f"{c}_{side}" for c in shown for side in ("a", "b") if f"{c}_{side}" in merged.columns]
-    merged = merged[[*keys, "verdict", "change_pct", "ratio 95% CI", "note", *evidence]]
+    merged = merged[[*keys, "verdict", "change_pct", *paired, "ratio 95% CI", "note", *evidence]]
     order = {v: i for i, v in enumerate(VERDICTS)}
     return merged.sort_values(by=["verdict", *keys], key=lambda s: s.map(order) if s.name == "verdict" else s,
                               ignore_index=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.ceilings import STATE_COLUMNS
 from gpulab.tables import IDENTIFYING_COLUMNS
 from gpulab.timing import TIMING_COLUMNS
 
@@ -243,7 +244,9 @@ def key_columns(df: pd.DataFrame) -> list[str]:
     if "target" in df.columns:
         keys.append("target")
     if not keys or df.duplicated(subset=keys).any():
-        skip = set(keys) | set(METADATA_COLUMNS) | set(TIMING_COLUMNS) | {"source"}
+        # The GPU's state around a row (clocks, temperature) is a condition of the measurement, not its name:
+        # as a key it would match no ceiling of one GPU run with the same ceiling of the next.
+        skip = set(keys) | set(METADATA_COLUMNS) | set(TIMING_COLUMNS) | {c.name for c in STATE_COLUMNS} | {"source"}
         extra = [c for c in df.columns if c not in skip and not pd.api.types.is_numeric_dtype(df[c])
                  and not pd.api.types.is_bool_dtype(df[c])]
         keys += extra
