@@ -40,9 +40,11 @@ MAX_CV = 0.10
 MIN_STABLE_REPS = 5
 # Wall-time cap of one measurement (``max_wall_s: auto``). On a CPU each repetition is preceded by a flush
 # (a 64 MiB read: ~2 ms on the idle 2-core CI machine, ~9 ms while the workflow's other work runs), which this
-# cap, not the op, sets the cost of for small ops: 1 s still gives 50-100 repetitions.
+# cap, not the op, sets the cost of for small ops: 0.5 s still gives 50-250 repetitions in 8 blocks, and the
+# run-vs-run interval is set by the spread between blocks, not by their length. At 1 s the cap was ~100 s of
+# the default CPU run (a plain cell is 9 cases, the ceilings job ~40 methods x sizes).
 GPU_MAX_WALL_S = 3.0
-CPU_MAX_WALL_S = 1.0
+CPU_MAX_WALL_S = 0.5
 # Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): on the shared
 # 2-core CI machine a case's speed shifts by 30-60% in states that last seconds, so a quicker cell sees one
 # state in one run and another in the next. Judged on the times alone, A/A pairs of CPU runs

@@ -19,7 +19,15 @@ import pandas as pd
 from gpulab.config import config_hash
 from gpulab.env_capture import git_state
 from gpulab.report.results import is_measured, job_outputs
-from gpulab.timing import CPU_FLUSH_BYTES, CPU_MIN_SPAN_S, GPU_FLUSH_BYTES, GPU_MIN_SPAN_S, TimingSettings
+from gpulab.timing import (
+    CPU_FLUSH_BYTES,
+    CPU_MAX_WALL_S,
+    CPU_MIN_SPAN_S,
+    GPU_FLUSH_BYTES,
+    GPU_MAX_WALL_S,
+    GPU_MIN_SPAN_S,
+    TimingSettings,
+)
 
 ORDER = 90
 ID = "methodology"
@@ -173,6 +181,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "gpu_flush_mib": GPU_FLUSH_BYTES // 2**20,
         "cpu_flush_mib": CPU_FLUSH_BYTES // 2**20,
         "spans": f"{CPU_MIN_SPAN_S:g} s (CPU) or {GPU_MIN_SPAN_S:g} s (GPU)",
+        "walls": f"{GPU_MAX_WALL_S:g} s (GPU) or {CPU_MAX_WALL_S:g} s (CPU)",
         "in_use": timing_in_use(ctx),
         "ceilings": ceilings_table(ctx),
         "ceiling_config": ctx.config.get("ceilings", {}),
