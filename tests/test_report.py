@@ -234,6 +234,24 @@ def test_gelu_headline_says_when_its_row_set_the_ceiling_it_is_placed_against():
         assert headline.pct_of == "measured copy ceiling (1 read + 1 write)"
 
 
+def test_gelu_headline_names_the_reference_timed_beside_its_row_when_that_set_the_ceiling(tmp_path):
+    """On a CPU the best GeLU row may be placed against the memcpy timed beside it, which the copy card (the
+    ceilings job's plateau) does not show: the card gives that figure, so its percentage can be checked."""
+    from gpulab.report.sections.summary import gelu_headline
+
+    table = pd.read_csv(Path(__file__).parent / "fixtures" / "bench" / "local/bench/gelu.csv")
+    best = table["gbps"].idxmax()
+    # The recorded run's best row was placed against the ceilings job's torch.neg; as if its reference had won:
+    table.loc[best, ["ceiling_method", "ceiling_gbps", "dedicated_ceiling_gbps"]] = [
+        "memcpy (timed beside the case)", 25.04, 25.04]
+    table.loc[best, "pct_of_ceiling"] = 100 * table.loc[best, "gbps"] / 25.04
+    (tmp_path / "local" / "bench").mkdir(parents=True)
+    table.to_csv(tmp_path / "local" / "bench" / "gelu.csv", index=False)
+    headline = gelu_headline(ResultsIndex(tmp_path), "local")
+    assert headline.pct_of == "measured copy ceiling (1 read + 1 write): 25.0 GB/s, memcpy (timed beside the case)"
+    assert headline.pct == pytest.approx(table.loc[best, "pct_of_ceiling"], abs=0.1)
+
+
 def test_environment_draws_each_backends_stack_in_its_layers(tmp_path, fixtures):
     """The recorded H100 ldd (CUDA) beside the study's ROCm ldd: runtimes side by side, HSA only on ROCm."""
     from gpulab.report.render import ReportContext, environment

@@ -100,11 +100,17 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
 
 def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
     """What the best GeLU row's percentage is of: where it beat every copy method at its size, it is that size's
-    ceiling itself (gpulab.ceilings.raise_to_fastest), and the copy card beside it shows less."""
+    ceiling itself (gpulab.ceilings.raise_to_fastest); where the memcpy timed beside it set the ceiling, that
+    figure. Either way the copy card beside it (the ceilings job's plateau) shows another number."""
     dedicated = pd.to_numeric(pd.Series([row.get("dedicated_ceiling_gbps")]), errors="coerce").iloc[0]
-    if "fastest row" not in str(row.get("ceiling_method", "")) or pd.isna(dedicated):
+    method = str(row.get("ceiling_method", ""))
+    if pd.isna(dedicated):
         return default
-    return f"the ceiling at its size, which this row set: the copy methods reached {dedicated:,.0f} GB/s there"
+    if "fastest row" in method:
+        return f"the ceiling at its size, which this row set: the copy methods reached {dedicated:,.0f} GB/s there"
+    if method.endswith("(timed beside the case)"):
+        return f"{default}: {dedicated:,.1f} GB/s, {method}"
+    return default
 
 
 def llm_headline(results: ResultsIndex, target: str) -> Headline:
