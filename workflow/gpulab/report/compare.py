@@ -279,7 +279,8 @@ def _relative_blocks(row: Mapping[str, Any]) -> list[np.ndarray] | None:
 
 def _paired_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float) -> Verdict:
     """The verdict on the times; where both runs timed a reference beside the case, a change stands only if the
-    times relative to it changed the same way (see the module doc), and the note gives both changes."""
+    times relative to it changed the same way (see the module doc), and the verdict carries the relative change
+    and the reference's own."""
     times = times_verdict(_cell_times(a), _cell_times(b), min_effect)
     relative_a, relative_b = _relative_blocks(a), _relative_blocks(b)
     if relative_a is None or relative_b is None or times.verdict == NO_VERDICT:
