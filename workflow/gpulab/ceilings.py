@@ -71,6 +71,8 @@ PATTERN_INPUTS = {"read": 1, "copy": 1, "add": 2}
 # The method a CPU bench cell times beside each of its cases, a block of each in turn (``timing.reference``):
 # the runtime's own, which every device has.
 REFERENCE_METHODS = {"read": "torch.sum", "copy": "memcpy", "add": "torch.add"}
+# How a row's ceiling_method names that reference where it set the row's ceiling.
+BESIDE_THE_CASE = "(timed beside the case)"
 MEMORY_PATTERNS = tuple(PATTERN_TRANSFERS)
 MiB = 2**20
 # A size is latency-bound when its ceiling is below this share of the pattern's plateau (its ceiling at the

@@ -43,6 +43,7 @@ from gpulab.bench.correctness import (
 from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
 from gpulab.ceilings import (
+    BESIDE_THE_CASE,
     MISS,
     PATTERN_TRANSFERS,
     STATE_COLUMNS,
@@ -56,7 +57,15 @@ from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
 from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
-from gpulab.timing import BLOCK_SEPARATOR, CacheFlusher, Measurement, TimingSettings, rotation_sets
+from gpulab.timing import (
+    BLOCK_SEPARATOR,
+    CacheFlusher,
+    Measurement,
+    TimingSettings,
+    parse_times,
+    rotation_sets,
+    summarize,
+)
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +207,13 @@ def keeps_gate_output(info: DeviceInfo) -> bool:
     return not info.gpu_available
 
 
+def _tensor_bytes(case: Case) -> int:
+    """Bytes of one tensor of the case (an input, or its output)."""
+    return op_spec(case.op).numel(case.shape) * ITEMSIZE[case.dtype]
+
+
 def _set_bytes(case: Case) -> int:
-    spec = op_spec(case.op)
-    return spec.n_inputs * spec.numel(case.shape) * ITEMSIZE[case.dtype]
+    return op_spec(case.op).n_inputs * _tensor_bytes(case)
 
 
 def _checked_row(pending: _Pending) -> dict[str, Any]:
@@ -225,9 +238,7 @@ def _checked_row(pending: _Pending) -> dict[str, Any]:
 def _reference_row(pending: _Pending) -> dict[str, Any]:
     if pending.reference is None:
         return {}
-    timing = pending.reference.timing()
-    return {"reference_method": pending.reference_method, "reference_times_ms": timing.times_ms,
-            "reference_ms": timing.median_ms, "reference_spread": timing.p90_ms / timing.p10_ms}
+    return {"reference_method": pending.reference_method, "reference_times_ms": pending.reference.timing().times_ms}
 
 
 def _failure(case: Case, exc: BaseException, tolerance: float) -> dict[str, Any]:
@@ -241,16 +252,15 @@ def _failure(case: Case, exc: BaseException, tolerance: float) -> dict[str, Any]
 def _with_reference(case: Case, row: dict[str, Any], ceiling: Hit) -> tuple[dict[str, Any], Hit]:
     """The row with its reference's rate, and the ceiling raised to that reference where it was faster than
     the ceilings job's methods (timed beside the case, it met the machine in the case's own state)."""
-    if "reference_ms" not in row:
+    if not row.get("reference_times_ms"):
         return row, ceiling
-    spec = op_spec(case.op)
-    tensor_bytes = spec.numel(case.shape) * ITEMSIZE[case.dtype]
-    reference = PATTERN_TRANSFERS[spec.pattern] * tensor_bytes / (row["reference_ms"] / 1e3) / 1e9
+    stats = summarize(parse_times(row["reference_times_ms"]))
+    tensor_bytes = _tensor_bytes(case)
+    reference = PATTERN_TRANSFERS[op_spec(case.op).pattern] * tensor_bytes / (stats["median_ms"] / 1e3) / 1e9
     if not math.isnan(ceiling.gbps) and reference > ceiling.gbps:
-        ceiling = Hit(reference, tensor_bytes, f"{row['reference_method']} (timed beside the case)",
-                      row["reference_spread"], ceiling.plateau)
-    kept = {k: v for k, v in row.items() if k not in ("reference_ms", "reference_spread")}
-    return {**kept, "reference_gbps": reference}, ceiling
+        ceiling = Hit(reference, tensor_bytes, f"{row['reference_method']} {BESIDE_THE_CASE}",
+                      stats["p90_ms"] / stats["p10_ms"], ceiling.plateau)
+    return {**row, "reference_gbps": reference}, ceiling
 
 
 def _with_figures(case: Case, row: dict[str, Any], ceiling: Hit) -> dict[str, Any]:
@@ -320,9 +330,8 @@ def reference_settings(settings: TimingSettings, info: DeviceInfo) -> TimingSett
 
 def _add_reference(pending: _Pending, settings: TimingSettings, info: DeviceInfo, flusher: CacheFlusher) -> None:
     """The pattern's reference method at the case's size and dtype, in as many blocks as the case."""
-    spec = op_spec(pending.case.op)
-    tensor_bytes = spec.numel(pending.case.shape) * ITEMSIZE[pending.case.dtype]
-    name, closures = reference_closures(spec.pattern, pending.case.dtype, tensor_bytes, settings, info)
+    name, closures = reference_closures(op_spec(pending.case.op).pattern, pending.case.dtype,
+                                        _tensor_bytes(pending.case), settings, info)
     pending.reference_method = name
     pending.reference = Measurement(closures, reference_settings(settings, info), info, flusher, interleaved=True)
     assert pending.measurement is not None
@@ -362,7 +371,7 @@ def _groups(cases: Sequence[tuple[int, Case, int]], settings: TimingSettings,
     used = math.inf
     for item in cases:
         case = item[1]
-        out_bytes = op_spec(case.op).numel(case.shape) * ITEMSIZE[case.dtype]
+        out_bytes = _tensor_bytes(case)
         need = (rotation_sets(settings, info, _set_bytes(case)) + 1) * (_set_bytes(case) + out_bytes)
         need += out_bytes if keeps_gate_output(info) else 0
         if settings.for_device(info).reference:  # the reference's input sets and outputs, of the same sizes

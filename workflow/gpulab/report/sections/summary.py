@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.ceilings import BESIDE_THE_CASE
 from gpulab.report.results import ResultsIndex
 from gpulab.tables import IDENTIFYING_COLUMNS, STATUSES
 
@@ -108,7 +109,7 @@ def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
         return default
     if "fastest row" in method:
         return f"the ceiling at its size, which this row set: the copy methods reached {dedicated:,.0f} GB/s there"
-    if method.endswith("(timed beside the case)"):
+    if method.endswith(BESIDE_THE_CASE):
         return f"{default}: {dedicated:,.1f} GB/s, {method}"
     return default
 
