@@ -1,4 +1,5 @@
-"""Triton's split-KV decode attention (kernels/triton/decode_attention.py) against SDPA over the masked cache:
+"""Triton's split-KV decode attention (kernels/triton/decode_attention.py), RoPE and the cache write included,
+against RoPE in float64 and SDPA over the masked cache:
 in Triton's interpreter on a CPU (float32 and float16: the interpreter's tl.dot mishandles bfloat16), and on a
 GPU in every dtype when one is present (the fast engine's teacher-forcing check covers it in the workflow)."""
 
@@ -17,20 +18,34 @@ COMPARE = """
 import torch, torch.nn.functional as F
 from gpulab.kernels.triton.decode_attention import decode_attention, decode_split
 
+def rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
 def compare(heads, kv, d, max_len, pos, dtype, device):
     gen = torch.Generator(device=device).manual_seed(pos)
-    q = (torch.randn(1, heads, 1, d, generator=gen, device=device) * 3).to(dtype)
+    qkv = (torch.randn(1, 1, (heads + 2 * kv) * d, generator=gen, device=device) * 3).to(dtype)
+    angle = torch.rand(1, d // 2, generator=gen, device=device) * 6.3
+    cos, sin = angle.cos().repeat(1, 2).to(dtype), angle.sin().repeat(1, 2).to(dtype)
     k = (torch.randn(1, kv, max_len, d, generator=gen, device=device) * 3).to(dtype)
     v = torch.randn(1, kv, max_len, d, generator=gen, device=device).to(dtype)
-    # positions after pos hold garbage that must not be read
-    k[:, :, pos + 1:] = float("nan")
-    v[:, :, pos + 1:] = float("nan")
-    out = decode_attention(q, k, v, torch.tensor([pos], device=device))
+    # positions from pos on hold garbage: pos is the kernel's to write, later ones must not be read
+    k[:, :, pos:] = float("nan")
+    v[:, :, pos:] = float("nan")
+    out = decode_attention(qkv, cos, sin, k, v, torch.tensor([pos], device=device), heads)
+    q_raw, k_raw, v_raw = qkv.double().split([heads * d, kv * d, kv * d], dim=-1)
+    q = rope(q_raw.view(1, heads, 1, d), cos.double(), sin.double())
+    k_new = rope(k_raw.view(1, kv, 1, d), cos.double(), sin.double())
+    # the cache holds the new row rotated (in float32, rounded once to its dtype) and v as it came
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(k[:, :, pos:pos + 1].double(), k_new, rtol=ulp, atol=16 * ulp)  # inputs up to ~15
+    assert torch.equal(v[:, :, pos], v_raw.view(1, kv, d).to(dtype))
+    assert not k[:, :, pos + 1:].isfinite().any(), "a row past pos was written"
     mask = (torch.arange(max_len, device=device) <= pos).view(1, -1)
     g = heads // kv
-    ref = F.scaled_dot_product_attention(q.view(1, kv, g, d).double(), k.double().nan_to_num(),
-                                         v.double().nan_to_num(), attn_mask=mask).view(1, heads, 1, d)
-    assert out.dtype == dtype and out.shape == (1, heads, 1, d)
+    ref = F.scaled_dot_product_attention(q.view(1, kv, g, d), k.double().nan_to_num(), v.double().nan_to_num(),
+                                         attn_mask=mask).reshape(1, 1, heads * d)
+    assert out.dtype == dtype and out.shape == (1, 1, heads * d)
     err = ((out.double() - ref).norm() / ref.norm()).item()
     bound = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
     assert err < bound, (heads, kv, d, max_len, pos, dtype, err, decode_split(max_len))
@@ -60,12 +75,14 @@ def test_shapes_the_kernel_cannot_take_are_refused():
     import torch
     from gpulab.kernels.triton.decode_attention import decode_attention
 
-    cache = torch.zeros(1, 4, 64, 128)
-    with pytest.raises(ValueError, match="one query token"):
-        decode_attention(torch.zeros(1, 28, 2, 128), cache, cache, torch.tensor([3]))
+    cache, rot, pos = torch.zeros(1, 4, 64, 128), torch.zeros(1, 128), torch.tensor([3])
+    with pytest.raises(ValueError, match="one token's contiguous q/k/v row"):
+        decode_attention(torch.zeros(1, 2, 36 * 128), rot, rot, cache, cache, pos, 28)
+    with pytest.raises(ValueError, match="one token's contiguous q/k/v row"):
+        decode_attention(torch.zeros(1, 1, 2 * 36 * 128)[..., ::2], rot, rot, cache, cache, pos, 28)
     with pytest.raises(ValueError, match="power-of-two head size"):
-        small = torch.zeros(1, 4, 64, 80)
-        decode_attention(torch.zeros(1, 28, 1, 80), small, small, torch.tensor([3]))
+        small, rot = torch.zeros(1, 4, 64, 80), torch.zeros(1, 80)
+        decode_attention(torch.zeros(1, 1, 36 * 80), rot, rot, small, small, pos, 28)
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")

@@ -425,9 +425,9 @@ def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypat
 
 
 def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_eager(tiny):
-    """On a GPU the fast engine compiles its prefill (dynamic shapes); Inductor's CPU backend runs the same
-    trace here: one graph for prompts of 16 and 40 tokens, the logits those of the eager layers up to bf16
-    rounding (fused kernels round in other places: the teacher-forcing check's 2e-2)."""
+    """On a GPU the fast engine compiles its prefill's layer (dynamic shapes); Inductor's CPU backend runs the
+    same trace here: one graph for every layer and for prompts of 16 and 40 tokens, the logits those of the eager
+    layers up to bf16 rounding (fused kernels round in other places: the teacher-forcing check's 2e-2)."""
     from torch._dynamo.utils import counters
 
     compiled = FastDecoder(tiny.model, 128, [], GraphSettings(compile=True, graphs=False))

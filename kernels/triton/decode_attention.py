@@ -8,6 +8,12 @@ attention reads each K/V row once for all of them); positions after ``pos`` are 
 what the context holds, not what the cache could. Each program keeps scores, softmax and the weighted sum in
 float32 (online softmax: a running max and sum), and writes its partial output with its (max, sum);
 ``decode_attention_combine_kernel`` rescales and adds the chunks of each head.
+
+Before them, ``decode_rope_kernel`` takes the new token's raw q/k/v product: it rotates q (RoPE) and stores the
+rotated k and v into the caches, one program per head. That is one kernel where a compiled PyTorch step had
+three (3.4 us a layer on the H100 for a 7B model, launch gaps not counted). Folding RoPE into the split kernel
+instead was tried: Triton then computed the rotated q in the products' operand layout, 252 registers a thread
+on sm_90 (55 without) and spills on RDNA.
 """
 
 from __future__ import annotations
@@ -23,6 +29,38 @@ if TYPE_CHECKING:
 
 BLOCK_N = 32  # cache positions per product: tl.dot needs 16 or more
 MAX_SPLITS = 64  # chunks per KV head: the combine kernel holds one partial row of each
+
+
+@triton.jit
+def _rope(x_ptr, cos_ptr, sin_ptr, half, mask, HALF: tl.constexpr, DTYPE: tl.constexpr):
+    """Rotate-half RoPE of a vector (or of rows of them) at ``x_ptr``, as its two halves: in float32, rounded
+    once to ``DTYPE``."""
+    lo = tl.load(x_ptr, mask=mask, other=0.0).to(tl.float32)
+    hi = tl.load(x_ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    out_lo = lo * tl.load(cos_ptr + half).to(tl.float32) - hi * tl.load(sin_ptr + half).to(tl.float32)
+    out_hi = hi * tl.load(cos_ptr + HALF + half).to(tl.float32) + lo * tl.load(sin_ptr + HALF + half).to(tl.float32)
+    return out_lo.to(DTYPE), out_hi.to(DTYPE)
+
+
+@triton.jit
+def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One program per q head and per KV head: the q head rotated into ``q_ptr``; the KV head's k rotated,
+    and its v, stored into the caches at ``pos``."""
+    head = tl.program_id(axis=0)
+    half = tl.arange(0, HEAD_DIM // 2)
+    lo, hi = _rope(qkv_ptr + head * HEAD_DIM + half, cos_ptr, sin_ptr, half, half >= 0, HEAD_DIM // 2,
+                   k_ptr.dtype.element_ty)
+    if head < HEADS:
+        tl.store(q_ptr + head * HEAD_DIM + half, lo)
+        tl.store(q_ptr + head * HEAD_DIM + HEAD_DIM // 2 + half, hi)
+    else:
+        kv = head - HEADS
+        row = (kv.to(tl.int64) * max_len + tl.load(pos_ptr)) * HEAD_DIM
+        tl.store(k_ptr + row + half, lo)
+        tl.store(k_ptr + row + HEAD_DIM // 2 + half, hi)
+        dims = tl.arange(0, HEAD_DIM)
+        tl.store(v_ptr + row + dims, tl.load(qkv_ptr + (HEADS + KV_HEADS + kv) * HEAD_DIM + dims))
 
 
 @triton.jit
@@ -99,8 +137,8 @@ def decode_split(max_len: int) -> tuple[int, int]:
     return chunk, triton.cdiv(max_len, chunk)
 
 
-def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int) -> tuple[dict, dict]:
-    """The constexprs of the split kernel and of the combine kernel for these shapes (the launcher's and the
+def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int) -> tuple[dict, dict, dict]:
+    """The constexprs of the RoPE, split and combine kernels for these shapes (the launcher's and the
     ahead-of-time compile's: gpulab.kernels.triton.launches). The scale is a constexpr because torch.compile
     passes a Python float argument as float64, which the loop would carry."""
     groups = heads // kv_heads
@@ -108,28 +146,34 @@ def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int) ->
     shared = {"GROUPS": groups, "HEAD_DIM": head_dim, "CHUNK": chunk, "SPLITS": splits}
     attend = {**shared, "SCALE_LOG2": math.log2(math.e) / math.sqrt(head_dim),
               "GROUPS_PAD": max(16, triton.next_power_of_2(groups)), "BLOCK_N": BLOCK_N}
-    return attend, {**shared, "SPLITS_PAD": triton.next_power_of_2(splits)}
+    rope = {"HEADS": heads, "KV_HEADS": kv_heads, "HEAD_DIM": head_dim}
+    return rope, attend, {**shared, "SPLITS_PAD": triton.next_power_of_2(splits)}
 
 
-def decode_attention(q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Softmax(q K^T / sqrt(d)) V over cache positions 0..pos: ``q`` (1, heads, 1, d), the caches
-    (1, kv_heads, max_len, d) contiguous, ``pos`` a (1,) device tensor; returns (1, heads, 1, d) in q's dtype."""
+def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                     cache_v: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
+    """One new token's attention, RoPE and cache write included: ``qkv`` (1, 1, (heads + 2 kv_heads) d) holds
+    its q, k and v before RoPE; ``cos``/``sin`` (1, d) are its position's rotary rows; the caches (1, kv_heads,
+    max_len, d) are contiguous and get the rotated k and v at ``pos`` (a (1,) device tensor). Returns
+    softmax(q K^T / sqrt(d)) V over positions 0..pos as (1, 1, heads d) in qkv's dtype."""
     import torch
 
-    _, heads, tokens, head_dim = q.shape
-    _, kv_heads, max_len, _ = cache_k.shape
-    if tokens != 1 or heads % kv_heads or not (cache_k.is_contiguous() and cache_v.is_contiguous()):
-        raise ValueError(f"decode_attention takes one query token over contiguous caches, got q {tuple(q.shape)}, "
-                         f"cache {tuple(cache_k.shape)}")
+    _, kv_heads, max_len, head_dim = cache_k.shape
+    width = (heads + 2 * kv_heads) * head_dim
+    if qkv.shape != (1, 1, width) or heads % kv_heads or not all(
+            t.is_contiguous() for t in (qkv, cos, sin, cache_k, cache_v)):
+        raise ValueError(f"decode_attention takes one token's contiguous q/k/v row of {width} values over "
+                         f"contiguous caches, got qkv {tuple(qkv.shape)}, cache {tuple(cache_k.shape)}")
     if not takes_head_dim(head_dim):
         raise ValueError(f"decode_attention needs a power-of-two head size of 16 or more, got {head_dim}")
-    attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len)
+    rope, attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len)
     rows = kv_heads * attend["SPLITS"] * attend["GROUPS"]
-    q = q.contiguous()
-    part = torch.empty(rows, head_dim, dtype=torch.float32, device=q.device)
-    maxes = torch.empty(rows, dtype=torch.float32, device=q.device)
+    q = torch.empty(heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    part = torch.empty(rows, head_dim, dtype=torch.float32, device=qkv.device)
+    maxes = torch.empty(rows, dtype=torch.float32, device=qkv.device)
     sums = torch.empty_like(maxes)
-    out = torch.empty_like(q)
+    out = torch.empty(1, 1, heads * head_dim, dtype=qkv.dtype, device=qkv.device)
+    decode_rope_kernel[(heads + kv_heads,)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, **rope, num_warps=1)
     decode_attention_kernel[(kv_heads, attend["SPLITS"])](q, cache_k, cache_v, pos, part, maxes, sums, max_len,
                                                          **attend, num_warps=4)
     decode_attention_combine_kernel[(heads,)](part, maxes, sums, pos, out, **combine, num_warps=4)

@@ -15,7 +15,12 @@ from typing import Any
 
 from .add import add_kernel
 from .config import Target, elementwise_shapes, needs_64bit_offsets, softmax_config
-from .decode_attention import decode_attention_combine_kernel, decode_attention_kernel, launch_constexprs
+from .decode_attention import (
+    decode_attention_combine_kernel,
+    decode_attention_kernel,
+    decode_rope_kernel,
+    launch_constexprs,
+)
 from .gelu import gelu_kernel
 from .gemv import CONFIGS as GEMV_CONFIGS
 from .gemv import flags as gemv_flags
@@ -119,17 +124,19 @@ def _llm_decode() -> list[Launch]:
         out.append(Launch(op="llm_decode", kernel=gemv_kernel.fn, variant=f"{form} {tiles}", dtype="bf16",
                           signature=pointers | {"N": "i32", "K": "i32"} | dict.fromkeys(constexprs, "constexpr"),
                           constexprs=constexprs, num_warps=config.num_warps))
-    attend, combine = launch_constexprs(LLM_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM, LLM_CACHE)
+    rope, attend, combine = launch_constexprs(LLM_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM, LLM_CACHE)
     partials = {"part_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32"}
-    for kernel, signature, constexprs in (
-        (decode_attention_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "pos_ptr": "*i64",
-                                   **partials, "max_len": "i32"}, attend),
-        (decode_attention_combine_kernel, {**partials, "pos_ptr": "*i64", "o_ptr": "*bf16"}, combine),
+    rows = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), "*bf16")
+    split = f"CHUNK={attend['CHUNK']} SPLITS={attend['SPLITS']}"
+    for kernel, signature, constexprs, variant, warps in (
+        (decode_rope_kernel, {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr"), "*bf16"), **rows, "pos_ptr": "*i64",
+                              "max_len": "i32"}, rope, f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS}", 1),
+        (decode_attention_kernel, {**rows, "pos_ptr": "*i64", **partials, "max_len": "i32"}, attend, split, 4),
+        (decode_attention_combine_kernel, {**partials, "pos_ptr": "*i64", "o_ptr": "*bf16"}, combine, split, 4),
     ):
-        out.append(Launch(op="llm_decode", kernel=kernel,
-                          variant=f"CHUNK={attend['CHUNK']} SPLITS={attend['SPLITS']} num_warps=4", dtype="bf16",
+        out.append(Launch(op="llm_decode", kernel=kernel, variant=f"{variant} num_warps={warps}", dtype="bf16",
                           signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs,
-                          num_warps=4))
+                          num_warps=warps))
     return out
 
 

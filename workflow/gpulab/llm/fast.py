@@ -176,10 +176,11 @@ class FastDecoder(Decoder):
         self.host_pos = 0
         self.step_fn = torch.compile(decode_one_token, fullgraph=True, dynamic=False, **settings.compile_kwargs()) \
             if settings.compile else decode_one_token
-        # The prefill's layers, compiled once for every prompt length (eager, PyTorch's ~30 kernels a layer left
-        # a 512-token prefill a third host-bound on the H100); the output head runs eagerly on what is kept.
-        self.prefill_fn = torch.compile(qwen2.hidden, fullgraph=True, dynamic=True) if settings.compile \
-            else qwen2.hidden
+        # The prefill's layer, compiled once for every layer and prompt length (eager, PyTorch's ~30 kernels a
+        # layer left a 512-token prefill a third host-bound on the H100; compiling all 28 layers as one graph
+        # took ~100 s more than one layer). The output head runs eagerly on what is kept.
+        self.prefill_layer = torch.compile(qwen2.layer, fullgraph=True, dynamic=True) if settings.compile \
+            else qwen2.layer
         self.prefill_note = "compiled prefill" if settings.compile else "eager prefill"
         self.graphs = Graphs(settings, self.device, lambda s: [lambda: self._step_eager(s)], lambda i: None,
                              self._snapshot, self._restore, self._fallback, "one device graph per step")
@@ -207,11 +208,11 @@ class FastDecoder(Decoder):
     def _prefill_hidden(self, *args: Any) -> torch.Tensor:
         """The compiled prefill, or eager layers with the reason where compiling fails."""
         try:
-            return self.prefill_fn(*args)
+            return qwen2.hidden(*args, run_layer=self.prefill_layer)
         except Exception as exc:  # an Inductor failure must not lose the measurement
-            if self.prefill_fn is qwen2.hidden:
+            if self.prefill_layer is qwen2.layer:
                 raise
             self.prefill_note = f"eager prefill: compiling failed ({type(exc).__name__}: {str(exc)[:160]})"
             log.warning("%s", self.prefill_note)
-            self.prefill_fn = qwen2.hidden
+            self.prefill_layer = qwen2.layer
             return qwen2.hidden(*args)

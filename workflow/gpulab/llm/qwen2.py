@@ -135,10 +135,29 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + rotated * sin
 
 
-def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
-                      cache_v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """A prompt that starts at position 0 attends to itself: causal flash attention over its own K/V."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+def rotated_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims: Dims
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (RoPE applied) and v as (1, heads, T, head_dim) from the fused product ``qkv`` (1, T, width)."""
+    tokens = qkv.shape[1]
+    q, k, v = qkv.split(dims.qkv_split, dim=-1)
+    q = rope(q.view(1, tokens, dims.n_heads, dims.head_dim).transpose(1, 2), cos, sin)
+    k = rope(k.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2), cos, sin)
+    return q, k, v.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2)
+
+
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """(1, heads, T, head_dim) -> (1, T, heads * head_dim)."""
+    return out.transpose(1, 2).reshape(1, out.shape[2], -1)
+
+
+def prefill_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                      cache_v: torch.Tensor, pos: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """A prompt that starts at position 0: its K/V copied into the cache (a plain copy, not a scatter:
+    index_put was a third of it on CPU), then causal flash attention over its own K/V."""
+    q, k, v = rotated_heads(qkv, cos, sin, dims)
+    cache_k[:, :, : k.shape[2]] = k
+    cache_v[:, :, : v.shape[2]] = v
+    return merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
 
 
 def triton_decode(device: torch.device) -> bool:
@@ -192,50 +211,45 @@ def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> 
     return x + F.linear(F.silu(gate) * up, wd)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
-                     cache_v: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """One query over the static cache, positions after ``pos`` left out: fixed shapes, so capturable.
-    On a GPU, Triton's split-KV kernel (:mod:`gpulab.kernels.triton.decode_attention`) reads only positions
+def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                     cache_v: torch.Tensor, pos: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """One new token at ``pos`` (a device tensor, so a captured graph replays every step): its K/V written
+    into the static cache, then its query over positions 0..pos. On a GPU, Triton's split-KV kernel
+    (:mod:`gpulab.kernels.triton.decode_attention`) does all of it, RoPE included, reading only positions
     0..pos, many programs per head. Elsewhere one fused SDPA call over the whole cache with later positions
     masked, a KV head's query heads as its query rows (no copies of K/V). Both keep scores, softmax and the
     weighted sum in float32, as flash attention does (bf16 scores of a 7B model's raw q·k, tens in size, lose
     ~0.1 each: 7% logit error after 28 layers on the H100)."""
-    if split_kv_available(q.device, q.shape[-1]):
+    if split_kv_available(qkv.device, dims.head_dim):
         from gpulab.kernels.triton.decode_attention import decode_attention as split_kv
 
-        return split_kv(q, cache_k, cache_v, pos)
-    n_kv, head_dim = cache_k.shape[1], cache_k.shape[3]
-    groups = q.shape[1] // n_kv
+        return split_kv(qkv, cos, sin, cache_k, cache_v, pos, dims.n_heads)
+    q, k, v = rotated_heads(qkv, cos, sin, dims)
+    cache_k[:, :, pos] = k
+    cache_v[:, :, pos] = v
+    groups = dims.n_heads // dims.n_kv
     mask = (torch.arange(cache_k.shape[2], device=q.device) <= pos).view(1, -1)
-    out = F.scaled_dot_product_attention(q.view(1, n_kv, groups, head_dim), cache_k, cache_v, attn_mask=mask)
-    return out.view(1, q.shape[1], 1, head_dim)
+    out = F.scaled_dot_product_attention(q.view(1, dims.n_kv, groups, dims.head_dim), cache_k, cache_v, attn_mask=mask)
+    return out.view(1, 1, -1)
 
 
 def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, cache_v: torch.Tensor,
           pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-    """One decoder layer over ``x`` (1, T, hidden) at positions ``pos`` (T,), writing K/V into the cache."""
-    tokens = x.shape[1]
-    q, k, v = linear(x, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps)).split(dims.qkv_split, dim=-1)
-    q = rope(q.view(1, tokens, dims.n_heads, dims.head_dim).transpose(1, 2), cos, sin)
-    k = rope(k.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2), cos, sin)
-    v = v.view(1, tokens, dims.n_kv, dims.head_dim).transpose(1, 2)
-    if tokens == 1:  # a decode step: its position is a device tensor, so a captured graph replays every step
-        cache_k[:, :, pos] = k
-        cache_v[:, :, pos] = v
-    else:  # a prefill starts at position 0: a plain copy, not a scatter (index_put was a third of it on CPU)
-        cache_k[:, :, :tokens] = k
-        cache_v[:, :, :tokens] = v
-    out = attend(q, k, v, cache_k, cache_v, pos).transpose(1, 2).reshape(1, tokens, -1)
-    x = linear(out, w.wo, residual=x)
+    """One decoder layer over ``x`` (1, T, hidden) at positions ``pos`` (T,), writing K/V into the cache:
+    ``attend`` is :func:`prefill_attention` or :func:`decode_attention`."""
+    qkv = linear(x, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps))
+    x = linear(attend(qkv, cos, sin, cache_k, cache_v, pos, dims), w.wo, residual=x)
     return swiglu(x, (w.post_norm, dims.eps), w.w13, w.wd)
 
 
-def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend) -> torch.Tensor:
-    """The last layer's output (1, T, hidden) for ``ids`` (1, T) placed at ``pos`` (T,), the cache filled."""
+def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
+           run_layer: Callable[..., torch.Tensor] = layer) -> torch.Tensor:
+    """The last layer's output (1, T, hidden) for ``ids`` (1, T) placed at ``pos`` (T,), the cache filled;
+    ``run_layer`` is :func:`layer` or a compiled form of it."""
     x = F.embedding(ids, weights.embed)
     cos, sin = weights.cos[pos], weights.sin[pos]
     for index, w in enumerate(weights.layers):
-        x = layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend)
+        x = run_layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend)
     return x
 
 
