@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 
 # The product sizes a 7B decoder has (N rows by K columns, 3.5k-38k each way): a few tile shapes, timed once per
 # shape on the device by triton.autotune when the decode step first runs (before any graph is captured). A
-# loop step's loads are all a thread has in flight (nothing pipelines them), so the tiles go up to 64 elements
-# a thread (eight 16-byte loads of a 2-byte type): BLOCK_N * BLOCK_K / (32 * num_warps).
+# loop step's loads are all a thread has in flight (nothing pipelines them), so the tiles go up to 128 elements
+# a thread (sixteen 16-byte loads of a 2-byte type): BLOCK_N * BLOCK_K / (32 * num_warps).
 CONFIGS = [
     triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w)
     for n, k, w in ((1, 1024, 4), (2, 512, 2), (2, 1024, 4), (4, 256, 2), (4, 512, 4), (4, 1024, 8), (8, 256, 4),
                     (8, 512, 4), (16, 256, 8), (16, 512, 8), (8, 512, 2), (16, 256, 2), (16, 512, 4),
-                    (32, 256, 4), (8, 1024, 4), (32, 512, 8))
+                    (32, 256, 4), (8, 1024, 4), (32, 512, 8), (16, 1024, 4), (32, 512, 4), (64, 256, 4))
 ]
 
 
