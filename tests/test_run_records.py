@@ -171,3 +171,25 @@ def test_fixture_refresh_copies_each_areas_results_and_leaves_out_intermediates(
     (run / "env/env.json").write_text(json.dumps({"device": {"gpu_available": True, "name": "H100"}}))
     with pytest.raises(SystemExit, match="CPU run"):
         refresh.refresh(run, "report")
+
+
+def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
+    """Jobs holding the one ``gpu`` resource run one after the other: their summed wall time is a floor of the
+    run's wall time beside the critical path, and on the recorded CPU run it is the larger one."""
+    import json
+    import re
+
+    from gpulab.report.sections.methodology import holds_device
+    from report_fixtures import FIXTURE_RESULTS, two_target_report
+
+    records = [json.loads(p.read_text().splitlines()[0])
+               for p in (FIXTURE_RESULTS / "cpu" / "benchmarks").glob("*.jsonl")]
+    device = sum(r["s"] for r in records if holds_device(r))
+    assert holds_device({"resources": {"gpu": 1}}) and not holds_device({"resources": {"_cores": 1}})
+    assert not holds_device({})
+    html = two_target_report().path.read_text(encoding="utf-8")
+    found = re.search(r"Critical path of <strong>cpu</strong>: ([\d.]+) s.*?The jobs that hold the device add up to "
+                      r"([\d.]+) s(:\s*they, not the critical path)?", html, re.S)
+    assert found, "the cpu target's critical path and device time"
+    assert float(found.group(2)) == pytest.approx(device, abs=0.1)
+    assert (float(found.group(2)) > float(found.group(1))) == bool(found.group(3))

@@ -141,6 +141,7 @@ def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
                 "max RSS (MB)": pd.to_numeric(r.get("max_rss"), errors="coerce"),
                 "params hash": _params_hash(r["params"]) if "params" in r else "–",
                 "critical path": "yes" if r["job"] in path else "",
+                "holds the device": "yes" if holds_device(r) else "",
             })
     frame = pd.DataFrame(rows)
     if not frame.empty:
@@ -148,9 +149,16 @@ def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
     return frame, paths
 
 
+def holds_device(record: Mapping[str, Any]) -> bool:
+    """Whether the job held the workflow's one ``gpu`` resource (its measurements): such jobs run one at a time."""
+    return bool((record.get("resources") or {}).get("gpu"))
+
+
 def _path_summary(times: pd.DataFrame, path: list[str]) -> dict[str, Any]:
-    """The critical path's steps and wall time, against the wall time of all steps of the target."""
+    """The critical path's steps and wall time, and the device jobs' summed wall time (they run one at a time,
+    so the run cannot finish sooner than either), against the wall time of all steps of the target."""
     return {"steps": path, "seconds": float(times[times["step"].isin(path)]["wall (s)"].sum()),
+            "device_seconds": float(times[times["holds the device"] == "yes"]["wall (s)"].sum()),
             "total": float(times["wall (s)"].sum())}
 
 
