@@ -53,6 +53,7 @@ from gpulab.ceilings import (
     mark_best,
     measure_ceilings,
     measure_pattern,
+    pct_of,
     placement,
     plateau_bytes,
     raise_to_fastest,
@@ -489,6 +490,19 @@ def test_a_row_faster_than_every_method_becomes_the_ceiling_of_its_size_and_is_s
         ("native", 2**16)}
     assert (out.loc[~raised, "ceiling_method"] == "memcpy").all()
     assert out["above_ceiling"].sum() == 1 and out.loc[out["above_ceiling"], "pct_of_ceiling"].item() == 150.0
+
+
+def test_a_row_that_sets_its_own_ceiling_is_exactly_100_percent():
+    """100 * x / x rounds above 100 for some x (the H100 run had two such rows at 100.00000000000001%)."""
+    gbps = 3048.463044334574  # that run's gelu triton row
+    assert 100.0 * gbps / gbps > 100.0  # the rounding this guards against
+    assert pct_of(gbps, gbps) == 100.0
+    rows = pd.DataFrame([{"op": "add", "impl": impl, "status": "ok", "regime": "bandwidth", "pattern": "add",
+                          "dtype": "fp32", "tensor_bytes": 2**30, "gbps": g, "ceiling_gbps": 2600.0,
+                          "ceiling_method": "triton add", "ceiling_bytes": 2**30, "pct_of_ceiling": math.nan,
+                          "above_ceiling": False} for impl, g in (("torch_compile", gbps), ("native", 2500.0))])
+    out = raise_to_fastest(rows).set_index("impl")
+    assert out.loc["torch_compile", "pct_of_ceiling"] == 100.0 and out["pct_of_ceiling"].max() <= 100.0
 
 
 def test_inputs_rotate_past_the_cache_only_when_it_is_not_flushed():

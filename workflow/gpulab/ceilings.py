@@ -451,10 +451,11 @@ class Ceilings:
 
 
 def pct_of(value: float, ceiling: float) -> float:
-    """Percentage of a ceiling; NaN when either is unknown."""
+    """Percentage of a ceiling; NaN when either is unknown. The ratio first: a row that set its own ceiling is
+    then exactly 100 (100 * x / x can round to 100.00000000000001, a figure above its ceiling)."""
     if not ceiling or math.isnan(ceiling) or value is None or math.isnan(value):
         return math.nan
-    return 100.0 * value / ceiling
+    return 100.0 * (value / ceiling)
 
 
 def above_ceiling(gbps: float, ceiling: Hit, row_spread: float) -> bool:
@@ -494,7 +495,7 @@ def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
         df.loc[beaten, "ceiling_gbps"] = fastest["gbps"]
         df.loc[beaten, "ceiling_method"] = f"{fastest['op']} {fastest['impl']} (fastest row; above every method)"
         df.loc[beaten, "ceiling_bytes"] = fastest["tensor_bytes"]
-        df.loc[beaten, "pct_of_ceiling"] = 100.0 * df.loc[beaten, "gbps"] / fastest["gbps"]
+        df.loc[beaten, "pct_of_ceiling"] = 100.0 * (df.loc[beaten, "gbps"] / fastest["gbps"])
         df.loc[beaten, "above_ceiling"] = False  # they are at or below the ceiling they are now placed against
     return df
 
