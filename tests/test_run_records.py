@@ -174,8 +174,8 @@ def test_fixture_refresh_copies_each_areas_results_and_leaves_out_intermediates(
 
 
 def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
-    """Jobs holding the one ``gpu`` resource run one after the other: their summed wall time is a floor of the
-    run's wall time beside the critical path, and on the recorded CPU run it is the larger one."""
+    """A local run takes the jobs holding its one ``gpu`` resource one after the other: their summed wall time is
+    a floor of its wall time beside the critical path, and on the recorded CPU run it is the larger one."""
     import json
     import re
 
@@ -189,7 +189,7 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
     assert not holds_device({})
     html = two_target_report().path.read_text(encoding="utf-8")
     found = re.search(r"Critical path of <strong>cpu</strong>: ([\d.]+) s.*?The jobs that hold the device add up to "
-                      r"([\d.]+) s(:\s*they, not the critical path)?", html, re.S)
+                      r"([\d.]+) s(:\s*on one device they, not the critical path)?", html, re.S)
     assert found, "the cpu target's critical path and device time"
     assert float(found.group(2)) == pytest.approx(device, abs=0.1)
     assert (float(found.group(2)) > float(found.group(1))) == bool(found.group(3))

@@ -150,7 +150,8 @@ def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
 
 
 def holds_device(record: Mapping[str, Any]) -> bool:
-    """Whether the job held the workflow's one ``gpu`` resource (its measurements): such jobs run one at a time."""
+    """Whether the job held the ``gpu`` resource (its measurements): a local run on one device runs them one at a
+    time."""
     return bool((record.get("resources") or {}).get("gpu"))
 
 
