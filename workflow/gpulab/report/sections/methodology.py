@@ -156,8 +156,8 @@ def holds_device(record: Mapping[str, Any]) -> bool:
 
 
 def _path_summary(times: pd.DataFrame, path: list[str]) -> dict[str, Any]:
-    """The critical path's steps and wall time, and the device jobs' summed wall time (they run one at a time,
-    so the run cannot finish sooner than either), against the wall time of all steps of the target."""
+    """The critical path's steps and wall time, and the device jobs' summed wall time (a local run on one device
+    takes them one at a time, so it cannot finish sooner than either), against the wall time of all steps."""
     return {"steps": path, "seconds": float(times[times["step"].isin(path)]["wall (s)"].sum()),
             "device_seconds": float(times[times["holds the device"] == "yes"]["wall (s)"].sum()),
             "total": float(times["wall (s)"].sum())}
