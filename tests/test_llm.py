@@ -402,11 +402,15 @@ def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
     assert document["study"]["sampling"]["do_sample"] and document["study"]["sampling"]["top_k"] == 20
     kernels = LLM_KERNELS.read(kernels_path(tmp_path, "tiny", engine))
     assert set(kernels["status"]) == {"ok"} and set(kernels["engine"]) == {engine}
-    assert set(kernels["test"]) == {"pp24", "tg8"}
+    assert set(kernels["test"]) == {"pp24", "tg8", "study"}
     assert set(kernels["category"]) <= set(CATEGORIES) and "matmul" in set(kernels["category"])
-    pp = table[table["test"] == "pp24"].iloc[0]
+    pp, study = (table[table["test"] == test].iloc[0] for test in ("pp24", "study"))
+    # the study's call for PROFILED_TOKENS tokens, or fewer where it chose an end of sequence
+    study_steps = int(kernels.loc[kernels["test"] == "study", "steps"].iloc[0])
+    assert 0 < study_steps <= PROFILED_TOKENS
     for test, steps, step_us in (("tg8", PROFILED_TOKENS, 1e3 * tg["mean_ms"] / tg["n_gen"]),
-                                 ("pp24", 1, 1e3 * pp["mean_ms"])):
+                                 ("pp24", 1, 1e3 * pp["mean_ms"]),
+                                 ("study", study_steps, 1e3 * study["mean_ms"] / study["n_gen"])):
         rows = kernels[kernels["test"] == test]
         assert (rows["steps"] == steps).all() and rows["step_us"].iloc[0] == pytest.approx(step_us)
         assert rows["share_of_step"].sum() == pytest.approx(rows["us_per_step"].sum() / step_us)
@@ -491,8 +495,8 @@ def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
                  "178.2 ± 0.4", "26.7 ± 0.9", "150.0 ± 0.0", "against its read-only roofline",
                  "Prompt-processing tokens", "greedy32", "teacher256", "one device graph per step",
                  "device graphs per layer segment", "NVIDIA H100", "bytes per token",
-                 "Where the time of a prefill and of a decode token goes", "gemv_kernel", "decode_attention_kernel",
-                 "not in a kernel"):
+                 "Where the time of a prefill, of a decode token and of a study token goes", "gemv_kernel",
+                 "decode_attention_kernel", "not in a kernel"):
         assert text in section, text
 
 

@@ -8,6 +8,7 @@ be set before, and :func:`run` sets them first.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, MutableMapping, Sequence
 from functools import cached_property
@@ -72,6 +73,8 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
     """Log to the rule's log, point the compilers at the persistent caches, export the target's environment
     (jobs with a ``target`` wildcard), run ``main``."""
     to_log(snakemake.log[0])
+    # the time the job's Python started, before its imports: the log's later lines show what startup cost
+    logging.getLogger(__name__).info("job of rule %s started", getattr(snakemake, "rule", "?"))
     use_compiler_caches()
     target = getattr(snakemake.wildcards, "target", None)
     if target is not None:

@@ -170,15 +170,17 @@ def run_engine(name: str, loaded: LoadedModel, job: Job
     bench = figures.Bench(engine, loaded.model, job.ceiling, job.info, job.sizes.reps, memory)
     check = _check(engine, loaded, job, prompts, texts)
     if check is not None:
+        log.info("%s %s: %s %s", name, check.test, "ok" if check.ok else "incorrect", check.reason)
         bench.rows.append({"test": check.test, "status": "ok" if check.ok else "incorrect", "reason": check.reason,
                            **check.values})
     figures.pp(bench, prompts["pp"], loaded.weight_bytes)
     figures.ttft(bench, prompts["pp"], loaded.weight_bytes)
     figures.tg(bench, prompts["tg"], job.sizes.gen_tokens, loaded.weight_bytes)
-    kernels = _step_kernels(engine, bench, prompts, job)
     sampling = Sampling.study(loaded.model.generation_config, job.cfg["temperature"], job.cfg["top_p"])
     output = figures.study(bench, prompts["chat"], job.sizes.max_new_tokens, sampling, int(job.cfg["seed"]),
                            loaded.weight_bytes)
+    kernels = _step_kernels(engine, bench, prompts, job, sampling)
+    log.info("%s: prefill, decode and study tokens profiled", name)
     texts["study"] = {"messages": list(MESSAGES), "prompt_text": prompts["chat_text"],
                       "n_prompt": int(prompts["chat"].shape[1]), "sampling": sampling.as_dict(),
                       "max_new_tokens": job.sizes.max_new_tokens, "token_ids": output,
@@ -191,10 +193,12 @@ def run_engine(name: str, loaded: LoadedModel, job: Job
     return [{**common, **row} for row in bench.rows], texts, kernels
 
 
-def _step_kernels(engine: Any, bench: figures.Bench, prompts: dict[str, Any], job: Job) -> list[dict[str, Any]]:
-    """Where a prefill's and a decode token's time goes: each profiled once more, beside its row's time."""
+def _step_kernels(engine: Any, bench: figures.Bench, prompts: dict[str, Any], job: Job, sampling: Sampling
+                  ) -> list[dict[str, Any]]:
+    """Where a prefill's, a decode token's and a study token's time goes: each profiled once more, beside its
+    row's time (a study token: the study's call for a few tokens, its short prompt's prefill included)."""
     rows: list[dict[str, Any]] = []
-    for prefix in ("pp", "tg"):
+    for prefix in ("pp", "tg", "study"):
         row = next((r for r in bench.rows if r["test"].startswith(prefix)), None)
         if row is None or row["status"] != "ok":
             reason = f"no ok {prefix} row to set the kernels beside"
@@ -202,11 +206,29 @@ def _step_kernels(engine: Any, bench: figures.Bench, prompts: dict[str, Any], jo
             continue
         if prefix == "pp":
             run, steps, step_us = (lambda: engine.prefill(prompts["pp"])), 1, row["mean_ms"] * 1e3
-        else:
+        elif prefix == "tg":
             steps = profile.PROFILED_TOKENS
             run, step_us = engine.decode_run(prompts["tg"], steps), row["mean_ms"] * 1e3 / row["n_gen"]
+        else:
+            study_run = _StudyTokens(engine, prompts["chat"], sampling)
+            run, steps = study_run, study_run.made
+            step_us = row["mean_ms"] * 1e3 / row["n_gen"]
         rows += profile.step_kernels(row["test"], run, steps, step_us, job.info)
     return rows
+
+
+class _StudyTokens:
+    """The study's call for :data:`profile.PROFILED_TOKENS` tokens (it may stop early, at an end of sequence)."""
+
+    def __init__(self, engine: Any, ids: torch.Tensor, sampling: Sampling) -> None:
+        self.engine, self.ids, self.sampling, self.tokens = engine, ids, sampling, 0
+
+    def __call__(self) -> None:
+        self.tokens = len(self.engine.generate(self.ids, profile.PROFILED_TOKENS, self.sampling, stop_at_eos=True))
+
+    def made(self) -> int:
+        """Tokens the last call made."""
+        return self.tokens
 
 
 def _engine_columns(engine: Any, loaded: LoadedModel, job: Job, bench: figures.Bench) -> dict[str, Any]:
@@ -236,6 +258,7 @@ def _estimated_weight_bytes(resolved: ResolvedModel, dtype: str) -> int:
 def load(job: Job) -> tuple[LoadedModel | None, tuple[str, str] | None]:
     """The model, or why there is none (a status and a reason)."""
     dtype = str(job.cfg["dtype"])
+    log.info("loading %s on %s", job.resolved.spec, job.info.name)
     try:
         if not job.info.gpu_available:
             estimate = _estimated_weight_bytes(job.resolved, dtype)

@@ -23,20 +23,12 @@ from gpulab.llm.fast import Decoder, State
 from gpulab.llm.graphs import Graphs, GraphSettings
 from gpulab.llm.study import Sampling
 
-
-def _define_op(name: str, schema: str, impl: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> None:
-    if hasattr(torch.ops.gpulab_llm, name):  # already registered in this process
-        return
-    op = torch.library.custom_op(f"gpulab_llm::{name}", impl, mutates_args=(), schema=schema)
-    op.register_fake(fake)
-
-
-_define_op("linear", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+qwen2.define_op("linear", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
            lambda x, weight, bias: F.linear(x, weight, bias),
            lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])))
-_define_op("mean_last", "(Tensor x) -> Tensor", lambda x: x.mean(-1, keepdim=True),
+qwen2.define_op("mean_last", "(Tensor x) -> Tensor", lambda x: x.mean(-1, keepdim=True),
            lambda x: x.new_empty((*x.shape[:-1], 1)))
-_define_op("silu", "(Tensor x) -> Tensor", lambda x: F.silu(x), lambda x: torch.empty_like(x))
+qwen2.define_op("silu", "(Tensor x) -> Tensor", lambda x: F.silu(x), lambda x: torch.empty_like(x))
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -72,6 +72,7 @@ class Bench:
         row = {"test": test, "status": "ok", "reason": "", "peak_alloc_gib": alloc, "peak_reserved_gib": reserved,
                **values, **timing.as_row()}
         self.rows.append(row)
+        log.info("%s %s: %.2f ms mean over %d", self.engine.name, test, timing.mean_ms, reps)
         return row
 
     def decode_bandwidth(self, row: dict[str, Any], mean_context: float) -> None:

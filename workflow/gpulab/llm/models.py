@@ -310,8 +310,13 @@ def load_model(resolved: ResolvedModel, device: str, dtype: str = "bf16", seed: 
     from gpulab.dtypes import ITEMSIZE, torch_dtype
 
     tdtype = torch_dtype(dtype)
+    # each preparation step logged, so a job's log shows its startup: on the lent H100 host, importing
+    # transformers' model classes above took 11 s of every LLM job (measured with python -X importtime)
+    log.info("transformers imported; loading the tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_path)
+    log.info("tokenizer loaded; starting the device")
     synchronize()
+    log.info("device ready; loading the weights")
     start = time.perf_counter()
     if resolved.source == "random":
         config = AutoConfig.from_pretrained(resolved.path)

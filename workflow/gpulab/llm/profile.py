@@ -1,7 +1,8 @@
-"""Where the time of a prefill and of a decode token goes: each run once more under ``torch.profiler``, each
-kernel's device time summed per step (one prefill of the ``pp`` prompt; one token of a forced-length
-generation after a one-token prompt, that prompt's prefill being a forward pass of one token too) and put
-beside the step's unprofiled time (the ``pp`` and ``tg`` rows), so the gap between the kernels and the step
+"""Where the time of a prefill, of a decode token and of a study token goes: each run once more under
+``torch.profiler``, each kernel's device time summed per step (one prefill of the ``pp`` prompt; one token of
+a forced-length generation after a one-token prompt, that prompt's prefill being a forward pass of one token
+too; one token of the study's call, its sampling and end-of-sequence check included) and put beside the step's
+unprofiled time (the ``pp``, ``tg`` and ``study`` rows), so the gap between the kernels and the step
 (launches, host work, idle device) is a figure too. On a CPU the unit is an ATen op's (or Inductor C++
 kernel's) own CPU time, as in the MLP profile. No torch import at module level: the report reads the table
 with these helpers.
@@ -32,7 +33,9 @@ LLM_KERNELS = TableSchema(
     (
         Column("model", "str", "the spec as configured"),
         Column("engine", "str", "hf | fast | fast_exact"),
-        Column("test", "str", "pp<N> (a step is one prefill of the N-token prompt) | tg<N> (a step is one token)"),
+        Column("test", "str", "pp<N> (a step is one prefill of the N-token prompt) | tg<N> (a step is one token) | "
+               "study (a step is one token of the study's call: its sampling, its prompt's prefill spread over "
+               "the profiled tokens)"),
         Column("device", "str", "the device the run was profiled on"),
         Column("kernel", "str", "kernel name, shortened (ATen op or Inductor C++ kernel on a CPU)"),
         Column("category", "str", "matmul | attention | activation (elementwise, Inductor's pointwise kernels) | "
@@ -82,17 +85,21 @@ def kernel_rows(records: list[Any], steps: int, step_us: float) -> list[dict[str
              "step_us": step_us, "steps": steps, "status": "ok", "reason": ""} for g in grouped.itertuples()]
 
 
-def step_kernels(test: str, run: Callable[[], Any], steps: int, step_us: float, info: DeviceInfo
-                 ) -> list[dict[str, Any]]:
-    """The kernel rows of ``run`` (``steps`` steps of ``test``), or one row saying why there are none."""
+def step_kernels(test: str, run: Callable[[], Any], steps: int | Callable[[], int], step_us: float,
+                 info: DeviceInfo) -> list[dict[str, Any]]:
+    """The kernel rows of ``run`` (``steps`` steps of ``test``, or a function giving how many it ran), or one
+    row saying why there are none."""
+    count = None if callable(steps) else steps
     try:
-        rows = kernel_rows(profile_run(run, info), steps, step_us)
+        records = profile_run(run, info)
+        count = steps() if callable(steps) else steps
+        rows = kernel_rows(records, count, step_us) if count else []
     except Exception as exc:  # the profile is a finding about the run, not a reason to lose the run's figures
         log.error("profiling %s failed:\n%s", test, traceback.format_exc())
         rows = [{"status": "failed", "reason": f"profiling {test}: {type(exc).__name__}: {exc}"[:400]}]
     if not rows:
         rows = [{"status": "skipped", "reason": "the profiler recorded no kernels"}]
-    return [{"test": test, "steps": steps, **row} for row in rows]
+    return [{"test": test, "steps": count, **row} for row in rows]
 
 
 def category_summary(rows: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,7 @@ transformers' own forward (the same values, and its views are contiguous).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -189,13 +190,37 @@ def _one_token_on_gpu(x: torch.Tensor) -> bool:
     return x.shape[1] == 1 and triton_decode(x.device)
 
 
+def define_op(name: str, schema: str, impl: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> None:
+    """``torch.ops.gpulab_llm.<name>``: ``impl`` as one operator that torch.compile calls without looking
+    inside (``fake`` gives its output's shape; ``schema`` marks what it writes, e.g. ``Tensor(a!)``)."""
+    if hasattr(torch.ops.gpulab_llm, name):  # already registered in this process
+        return
+    written = re.findall(r"Tensor\(\w!\) (\w+)", schema)
+    op = torch.library.custom_op(f"gpulab_llm::{name}", impl, mutates_args=written, schema=schema)
+    op.register_fake(fake)
+
+
+# The decode step's Triton kernels are operators of their own, so torch.compile treats each call as one opaque
+# kernel. Traced as user-defined Triton kernels, every one of a 28-layer step's ~200 calls was compiled to
+# Triton IR, several times over, to find what it writes: most of a cold compile of the 7B model's step.
+def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+          norm_weight: torch.Tensor | None, eps: float, gated: bool) -> torch.Tensor:
+    from gpulab.kernels.triton.gemv import gemv
+
+    return gemv(x, weight, bias, residual, gated=gated, norm=(norm_weight, eps) if norm_weight is not None else None)
+
+
+define_op("gemv", "(Tensor x, Tensor weight, Tensor? bias, Tensor? residual, Tensor? norm_weight, float eps, "
+          "bool gated) -> Tensor", _gemv,
+          lambda x, weight, bias, residual, norm_weight, eps, gated:
+          x.new_empty((*x.shape[:-1], weight.shape[0] // 2 if gated else weight.shape[0])))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, norm: Norm | None = None) -> torch.Tensor:
     """``residual + rms_norm(x) @ weight.T + bias``: one token on a GPU is one Triton kernel."""
     if _one_token_on_gpu(x):
-        from gpulab.kernels.triton.gemv import gemv
-
-        return gemv(x, weight, bias, residual, norm=norm)
+        return torch.ops.gpulab_llm.gemv(x, weight, bias, residual, *(norm or (None, 0.0)), False)
     y = F.linear(rms_norm(x, *norm) if norm is not None else x, weight, bias)
     return y if residual is None else residual + y
 
@@ -204,11 +229,22 @@ def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> 
     """``x + down(silu(gate(h)) * up(h))`` with ``h = rms_norm(x)``; for one token on a GPU the norm, the
     gate and up products and the activation are one kernel, the down product and the residual another."""
     if _one_token_on_gpu(x):
-        from gpulab.kernels.triton.gemv import gemv
-
-        return gemv(gemv(x, w13, gated=True, norm=norm), wd, residual=x)
+        gated = torch.ops.gpulab_llm.gemv(x, w13, None, None, *norm, True)
+        return torch.ops.gpulab_llm.gemv(gated, wd, None, x, None, 0.0, False)
     gate, up = F.linear(rms_norm(x, *norm), w13).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, wd)
+
+
+def _split_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+              cache_v: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
+    from gpulab.kernels.triton.decode_attention import decode_attention as split_kv
+
+    return split_kv(qkv, cos, sin, cache_k, cache_v, pos, heads)
+
+
+define_op("split_kv_attention", "(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) cache_k, Tensor(b!) cache_v, "
+          "Tensor pos, int heads) -> Tensor", _split_kv,
+          lambda qkv, cos, sin, cache_k, cache_v, pos, heads: qkv.new_empty((1, 1, heads * cache_k.shape[-1])))
 
 
 def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
@@ -221,9 +257,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
     weighted sum in float32, as flash attention does (bf16 scores of a 7B model's raw q·k, tens in size, lose
     ~0.1 each: 7% logit error after 28 layers on the H100)."""
     if split_kv_available(qkv.device, dims.head_dim):
-        from gpulab.kernels.triton.decode_attention import decode_attention as split_kv
-
-        return split_kv(qkv, cos, sin, cache_k, cache_v, pos, dims.n_heads)
+        return torch.ops.gpulab_llm.split_kv_attention(qkv, cos, sin, cache_k, cache_v, pos, dims.n_heads)
     q, k, v = rotated_heads(qkv, cos, sin, dims)
     cache_k[:, :, pos] = k
     cache_v[:, :, pos] = v
