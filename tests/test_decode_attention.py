@@ -94,3 +94,44 @@ def test_split_kv_on_the_gpu(dtype):
     exec(COMPARE, namespace)
     for case in CASES:
         namespace["compare"](*case, getattr(torch, dtype), "cuda")
+
+
+def test_the_attention_operator_passes_torchs_operator_checks_in_the_interpreter():
+    """``torch.ops.gpulab_llm.split_kv_attention``, what the compiled decode step calls: torch.library.opcheck
+    runs it against its schema (the cache writes declared, nothing else written), its fake (the output's shape
+    and dtype without running) and compiled dispatch."""
+    code = """
+import torch
+from gpulab.llm import qwen2
+
+heads, kv, d, max_len, pos = 4, 2, 64, 96, 50
+gen = torch.Generator().manual_seed(0)
+qkv = torch.randn(1, 1, (heads + 2 * kv) * d, generator=gen)
+cos, sin = torch.randn(1, d, generator=gen), torch.randn(1, d, generator=gen)
+k, v = torch.randn(1, kv, max_len, d, generator=gen), torch.randn(1, kv, max_len, d, generator=gen)
+op = torch.ops.gpulab_llm.split_kv_attention.default
+torch.library.opcheck(op, (qkv, cos, sin, k, v, torch.tensor([pos]), heads))
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_decode_operators_declare_their_writes_and_shapes():
+    import torch
+    from gpulab.llm import qwen2  # noqa: F401 - registers the operators
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    writes = {name: [a.name for a in getattr(torch.ops.gpulab_llm, name).default._schema.arguments
+                     if a.alias_info is not None and a.alias_info.is_write]
+              for name in ("gemv", "split_kv_attention")}
+    assert writes == {"gemv": [], "split_kv_attention": ["cache_k", "cache_v"]}
+    with FakeTensorMode():
+        x, w13, wd = torch.empty(1, 1, 64), torch.empty(2 * 96, 64), torch.empty(64, 96)
+        gated = torch.ops.gpulab_llm.gemv(x, w13, None, None, torch.empty(64), 1e-6, True)
+        assert gated.shape == (1, 1, 96)
+        assert torch.ops.gpulab_llm.gemv(gated, wd, None, x, None, 0.0, False).shape == (1, 1, 64)
+        cache = torch.empty(1, 2, 32, 16)
+        out = torch.ops.gpulab_llm.split_kv_attention(torch.empty(1, 1, 8 * 16), torch.empty(1, 16),
+                                                      torch.empty(1, 16), cache, cache, torch.empty(1), 4)
+        assert out.shape == (1, 1, 4 * 16)
