@@ -24,10 +24,10 @@ from gpulab.llm.graphs import Graphs, GraphSettings
 from gpulab.llm.study import Sampling
 
 qwen2.define_op("linear", "(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-           lambda x, weight, bias: F.linear(x, weight, bias),
-           lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])))
+                lambda x, weight, bias: F.linear(x, weight, bias),
+                lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])))
 qwen2.define_op("mean_last", "(Tensor x) -> Tensor", lambda x: x.mean(-1, keepdim=True),
-           lambda x: x.new_empty((*x.shape[:-1], 1)))
+                lambda x: x.new_empty((*x.shape[:-1], 1)))
 qwen2.define_op("silu", "(Tensor x) -> Tensor", lambda x: F.silu(x), lambda x: torch.empty_like(x))
 
 
