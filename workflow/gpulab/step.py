@@ -73,7 +73,7 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
     """Log to the rule's log, point the compilers at the persistent caches, export the target's environment
     (jobs with a ``target`` wildcard), run ``main``."""
     to_log(snakemake.log[0])
-    # the time the job's Python started, before its imports: the log's later lines show what startup cost
+    # when the job's script began, before PyTorch's import: the log's later lines show what startup cost
     logging.getLogger(__name__).info("job of rule %s started", getattr(snakemake, "rule", "?"))
     use_compiler_caches()
     target = getattr(snakemake.wildcards, "target", None)

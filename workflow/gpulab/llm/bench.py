@@ -210,25 +210,11 @@ def _step_kernels(engine: Any, bench: figures.Bench, prompts: dict[str, Any], jo
             steps = profile.PROFILED_TOKENS
             run, step_us = engine.decode_run(prompts["tg"], steps), row["mean_ms"] * 1e3 / row["n_gen"]
         else:
-            study_run = _StudyTokens(engine, prompts["chat"], sampling)
+            study_run = figures.StudyRun(engine, prompts["chat"], profile.PROFILED_TOKENS, sampling, warm_up=False)
             run, steps = study_run, study_run.made
             step_us = row["mean_ms"] * 1e3 / row["n_gen"]
         rows += profile.step_kernels(row["test"], run, steps, step_us, job.info)
     return rows
-
-
-class _StudyTokens:
-    """The study's call for :data:`profile.PROFILED_TOKENS` tokens (it may stop early, at an end of sequence)."""
-
-    def __init__(self, engine: Any, ids: torch.Tensor, sampling: Sampling) -> None:
-        self.engine, self.ids, self.sampling, self.tokens = engine, ids, sampling, 0
-
-    def __call__(self) -> None:
-        self.tokens = len(self.engine.generate(self.ids, profile.PROFILED_TOKENS, self.sampling, stop_at_eos=True))
-
-    def made(self) -> int:
-        """Tokens the last call made."""
-        return self.tokens
 
 
 def _engine_columns(engine: Any, loaded: LoadedModel, job: Job, bench: figures.Bench) -> dict[str, Any]:

@@ -115,17 +115,23 @@ def _timing(row: dict[str, Any]) -> Timing:
 
 class StudyRun:
     """The study's generation as a closure for :func:`measure`: its untimed first call is a short warm-up
-    (the same prompt and sampling, a few tokens), the timed call the full run, whose output is kept."""
+    (the same prompt and sampling, a few tokens; none with ``warm_up=False``), later calls the full run, whose
+    output is kept."""
 
-    def __init__(self, engine: Engine, ids: torch.Tensor, max_new_tokens: int, sampling: Sampling) -> None:
+    def __init__(self, engine: Engine, ids: torch.Tensor, max_new_tokens: int, sampling: Sampling,
+                 warm_up: bool = True) -> None:
         self.engine, self.ids, self.max_new_tokens, self.sampling = engine, ids, max_new_tokens, sampling
-        self.calls = 0
+        self.calls = 0 if warm_up else 1
         self.output: list[int] = []
 
     def __call__(self) -> None:
         n = min(STUDY_WARMUP_TOKENS, self.max_new_tokens) if self.calls == 0 else self.max_new_tokens
         self.calls += 1
         self.output = self.engine.generate(self.ids, n, self.sampling, stop_at_eos=True)
+
+    def made(self) -> int:
+        """Tokens the last call made (it stops early at an end of sequence)."""
+        return len(self.output)
 
 
 def study(bench: Bench, ids: torch.Tensor, max_new_tokens: int, sampling: Sampling, seed: int,
