@@ -214,3 +214,15 @@ def test_every_device_step_exports_its_target_environment_first():
         # Nothing that starts a runtime at module level: HSA_OVERRIDE_GFX_VERSION acts at runtime start.
         early = re.findall(r"^(?:import|from) (torch|gpulab\.(?:device|timing))\b", text, re.M)
         assert not early, f"{rule}: {script.name} imports {early} before the target env"
+
+
+def test_jobs_measuring_the_host_cpu_ask_for_no_gpu_and_keep_the_rest():
+    from types import SimpleNamespace
+
+    from gpulab.cluster import without_gpu_where
+
+    resources = without_gpu_where({"gpu": 1, "runtime": lambda w, attempt=1: 30 * attempt},
+                                  lambda w: w.model == "tiny")
+    tiny, big = SimpleNamespace(model="tiny"), SimpleNamespace(model="random_Qwen")
+    assert resources["gpu"](tiny) == 0 and resources["gpu"](big) == 1
+    assert resources["runtime"](tiny, 2) == 60 and resources["runtime"](big) == 30

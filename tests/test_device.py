@@ -61,3 +61,29 @@ def test_a_gpu_driver_is_told_by_its_device_nodes(tmp_path):
     assert not gpu_driver_present((str(node),))
     node.touch()
     assert gpu_driver_present((str(tmp_path / "nvidiactl"), str(node)))
+
+
+def test_hidden_gpus_make_a_process_measure_the_cpu_and_say_why():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from gpulab.device import hide_gpus, detect; hide_gpus('the tiny model runs beside'); "
+            "import os, torch; i = detect(); "
+            "print(i.gpu_available, torch.cuda.is_available(), os.environ['CUDA_VISIBLE_DEVICES'], "
+            "os.environ['HIP_VISIBLE_DEVICES'], i.reason, sep='|')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"}).stdout.strip()
+    assert out == "False|False|-1|-1|the tiny model runs beside"
+
+
+@pytest.mark.parametrize(("cuda", "preset", "expected"), [
+    ("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None), (None, None, None), ("13.0", "0", "0")])
+def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda, preset, expected):
+    import torch
+    from gpulab.device import teardown_profiler_after_use
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    environ = {} if preset is None else {"TEARDOWN_CUPTI": preset}
+    teardown_profiler_after_use(environ)
+    assert environ.get("TEARDOWN_CUPTI") == expected

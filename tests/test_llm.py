@@ -382,7 +382,7 @@ CHECKS = {"hf": [], "fast": ["teacher48"], "fast_exact": ["greedy8"]}
 
 @pytest.mark.parametrize("engine", ["hf", "fast", "fast_exact"])
 def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
-    rows = run_llm(tiny.resolved, engine, SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
+    rows = run_llm(tiny.resolved, [engine], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
                    out_dir=tmp_path, loaded=tiny)
     table = LLM.read(tmp_path / f"tiny__{engine}.csv")
     assert list(table.columns) == LLM.names and len(table) == len(rows)
@@ -443,7 +443,8 @@ def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_e
         got = compiled.prefill(ids, Sampling.greedy(), all_logits=True)
         want = eager.prefill(ids, Sampling.greedy(), all_logits=True)
         assert float((got - want).norm() / want.norm()) < 2e-2
-    assert compiled.prefill_note == "compiled prefill" and eager.prefill_note == "eager prefill"
+    assert compiled.prefill_note == "compiled prefill (no device graphs)"
+    assert eager.prefill_note == "eager prefill (no device graphs)"
     assert counters["stats"]["unique_graphs"] - graphs == 1
 
 
@@ -462,7 +463,7 @@ def test_a_greedy_mismatch_is_reported_with_transformers_margin(tiny):
 def test_big_models_are_skipped_on_cpu_with_a_reason(tiny_dir, tmp_path):
     resolved = resolve_model("random:Qwen/Qwen2.5-7B-Instruct", {"cache_dir": str(tmp_path / "c")},
                              tiny_dir=tiny_dir)
-    run_llm(resolved, "fast", SMALL, target="local", fingerprint="abc", ceiling=Ceiling(float("nan"), "none"),
+    run_llm(resolved, ["fast"], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(float("nan"), "none"),
             out_dir=tmp_path)
     table = LLM.read(tmp_path / "random_Qwen__Qwen2.5-7B-Instruct__fast.csv")
     assert set(table["status"]) == {"skipped"} and table["reason"].str.contains("GB of bf16 weights").all()
@@ -511,3 +512,18 @@ def test_teacher_bound_is_the_tolerance_or_twice_the_references_own_noise():
     assert rel > 2 * 0.02
     ok, reason, _ = checks.compare_logits(off, torch.tensor([0, 0]), reference, 2e-2, ref_self_err=rel / 2.5)
     assert not ok and "2x transformers against itself" in reason
+
+
+@pytest.mark.parametrize(("spec", "models", "tiny_device", "local_gpu_run", "expected"), [
+    ("tiny", ["tiny", "random:Qwen/Qwen2.5-7B-Instruct"], "auto", True, True),  # the 7B runs the device paths
+    ("tiny", ["tiny"], "auto", True, False),  # alone, the tiny model is what runs them
+    ("tiny", ["tiny"], "cpu", True, True),
+    ("tiny", ["tiny", "random:Qwen/Qwen2.5-7B-Instruct"], "device", True, False),
+    ("tiny", ["tiny", "random:Qwen/Qwen2.5-7B-Instruct"], "auto", False, False),  # a cluster, or no GPU
+    ("random:Qwen/Qwen2.5-7B-Instruct", ["tiny", "random:Qwen/Qwen2.5-7B-Instruct"], "cpu", True, False),
+])
+def test_only_the_tiny_model_moves_to_the_cpu_beside_the_device_jobs(spec, models, tiny_device, local_gpu_run,
+                                                                     expected):
+    from gpulab.llm.models import runs_on_cpu
+
+    assert runs_on_cpu(spec, models, tiny_device, local_gpu_run) is expected

@@ -161,7 +161,8 @@ def test_logs_of_an_artifact_are_its_writers_or_for_an_aggregate_those_of_the_ro
                     "bench_cell": ["results/{target}/bench/cells/{op}__{impl}.csv"],
                     "bench_aggregate": ["results/{target}/bench/{op}.csv"],
                     "llm_model_fetch": ["results/{target}/llm/models/{model}.json"],
-                    "llm_infer": ["results/{target}/llm/{model}__{engine}.csv"], "env_capture": []}
+                    "llm_infer": ["results/{target}/llm/{model}__hf.csv", "results/{target}/llm/{model}__fast.csv"],
+                    "env_capture": []}
     jobs = {  # job: (rule, wildcards, inputs), as Snakemake's benchmark records hold them; the run's target: local
         "kernels_compile_gfx1151": ("kernels_compile", {"arch": "gfx1151"}, []),
         "kernels_compile_sm_90": ("kernels_compile", {"arch": "sm_90"}, []),
@@ -172,7 +173,7 @@ def test_logs_of_an_artifact_are_its_writers_or_for_an_aggregate_those_of_the_ro
         "bench_aggregate_gelu": ("bench_aggregate", {"op": "gelu"},
                                  ["bench/cells/gelu__triton.csv", "bench/cells/gelu__native.csv"]),
         "llm_model_fetch_tiny": ("llm_model_fetch", {"model": "tiny"}, []),
-        "llm_infer_tiny__hf": ("llm_infer", {"model": "tiny", "engine": "hf"}, ["llm/models/tiny.json"]),
+        "llm_infer_tiny": ("llm_infer", {"model": "tiny"}, ["llm/models/tiny.json"]),
     }
     for sub in ("logs", "benchmarks"):
         (tmp_path / "t" / sub).mkdir(parents=True)
@@ -191,7 +192,7 @@ def test_logs_of_an_artifact_are_its_writers_or_for_an_aggregate_those_of_the_ro
     assert logs("bench/gelu.csv", op="gelu", impl="triton") == ["bench_cell_gelu__triton"]
     assert logs("build/extension.csv", op="gelu") == ["extension_build"]
     # The model fetch is a prerequisite of the LLM table, not one of its cells.
-    assert logs("llm/tiny__hf.csv", model="tiny", engine="hf") == ["llm_infer_tiny__hf"]
+    assert logs("llm/tiny__hf.csv", model="tiny", engine="hf") == ["llm_infer_tiny"]  # one job, every engine
     assert index.logs_for("t", "bench/gelu.csv", pd.DataFrame([{"op": "gelu"}]), {}) == []  # no rule outputs
 
 

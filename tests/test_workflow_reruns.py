@@ -121,7 +121,7 @@ def test_every_job_has_a_benchmark_record_with_its_params(done):
     records = sorted((done / "results/local/benchmarks").glob("*.jsonl"))
     names = {p.stem for p in records}
     assert {"env_capture", "bench_ceilings", "bench_cell_gelu__triton", "bench_aggregate_add", "mlp_profile",
-            "llm_infer_tiny__hf", "extension_build", "hip_standalone", "timing_pitfalls"} <= names
+            "llm_infer_tiny", "extension_build", "hip_standalone", "timing_pitfalls"} <= names
     assert (done / "results/benchmarks/report_render.jsonl").is_file()
     cell = json.loads((done / "results/local/benchmarks/bench_cell_gelu__native.jsonl").read_text())
     assert cell["s"] > 0 and cell["params"]["sizes"] == [4096, 1000]

@@ -85,6 +85,23 @@ def device_job_resources(config: Mapping[str, Any]) -> dict[str, ResourceValue]:
     return {key: per_target(key) for key in keys}
 
 
+def without_gpu_where(resources: Mapping[str, ResourceValue], on_host: Callable[[Any], bool]
+                      ) -> dict[str, ResourceValue]:
+    """``resources`` of a device rule, except that its jobs for which ``on_host(wildcards)`` holds ask for no
+    GPU (they measure the host CPU beside the device jobs: ``llm.tiny_device``)."""
+
+    def wrap(key: str, value: ResourceValue) -> Callable[..., Resource]:
+        def resource(wildcards: Any, attempt: int = 1) -> Resource:
+            if key == "gpu" and on_host(wildcards):
+                return 0
+            return value(wildcards, attempt) if callable(value) else value
+
+        resource.__name__ = f"host_or_{key}"
+        return resource
+
+    return {key: wrap(key, value) for key, value in resources.items()}
+
+
 def target_environment(config: Mapping[str, Any], target: str) -> dict[str, str]:
     """Extra environment variables of ``target``'s jobs (``targets.<target>.env``); none if not listed."""
     spec = (config.get("targets") or {}).get(target)

@@ -1,20 +1,30 @@
-from gpulab.llm.models import download_settings, models_by_slug, needs_tiny
+from gpulab.cluster import without_gpu_where
+from gpulab.llm.models import download_settings, models_by_slug, needs_tiny, runs_on_cpu
 
 # LLM inference: each configured model is resolved once per target (downloads run on the submitting host),
-# then every engine measures it in its own job. Model names become file names through model_slug.
+# then one job measures it with every engine. Model names become file names through model_slug.
 LLM = config["llm"]
 LLM_MODELS = models_by_slug(LLM["models"])
 # Settings that change measurements; the model list, engines and download settings do not rerun other jobs.
 LLM_MEASURE = {
     k: v
     for k, v in LLM.items()
-    if k not in ("models", "engines", "cache_dir", "local_paths", "revisions")
+    if k
+    not in ("models", "engines", "cache_dir", "local_paths", "revisions", "tiny_device")
 }
+# Models measured on the host CPU beside the device jobs (llm.tiny_device): no device, no device ceiling.
+LLM_ON_CPU = {
+    slug
+    for slug, spec in LLM_MODELS.items()
+    if runs_on_cpu(
+        spec, LLM["models"], LLM["tiny_device"], LOCAL_RUN and gpu_driver_present()
+    )
+}
+LLM_CPU_THREADS = min(4, workflow.cores)
 
 
 wildcard_constraints:
     model="|".join(sorted(LLM_MODELS)),
-    engine="hf|fast|fast_exact",
 
 
 localrules:
@@ -67,25 +77,40 @@ rule llm_infer:
         src=sources("llm_infer.py"),
         model=result("llm/models/{model}.json"),
         env=result("env/env.json"),
-        ceilings=result("bench/ceilings.csv"),
-    output:
-        csv=report(
-            result("llm/{model}__{engine}.csv"),
-            caption="../report/llm.rst",
-            category="LLM inference",
+        ceilings=lambda w: (
+            [] if w.model in LLM_ON_CPU else f"{RESULTS}/{w.target}/bench/ceilings.csv"
         ),
-        text=result("llm/{model}__{engine}.json"),
-        kernels=result("llm/kernels/{model}__{engine}.csv"),
+    output:
+        csv=[
+            report(p, caption="../report/llm.rst", category="LLM inference")
+            for p in expand(
+                result("llm/{model}__{engine}.csv"),
+                engine=LLM["engines"],
+                allow_missing=True,
+            )
+        ],
+        text=expand(
+            result("llm/{model}__{engine}.json"),
+            engine=LLM["engines"],
+            allow_missing=True,
+        ),
+        kernels=expand(
+            result("llm/kernels/{model}__{engine}.csv"),
+            engine=LLM["engines"],
+            allow_missing=True,
+        ),
     log:
-        log_of("llm_infer_{model}__{engine}"),
+        log_of("llm_infer_{model}"),
     benchmark:
-        benchmark_of("llm_infer_{model}__{engine}")
+        benchmark_of("llm_infer_{model}")
     conda:
         CONDA_ENV
-    threads: DEVICE_THREADS
+    threads: lambda w: LLM_CPU_THREADS if w.model in LLM_ON_CPU else DEVICE_THREADS
     resources:
-        **gpu_resources,
+        **without_gpu_where(gpu_resources, lambda w: w.model in LLM_ON_CPU),
     params:
+        engines=LLM["engines"],
+        on_cpu=lambda w: w.model in LLM_ON_CPU,
         llm=LLM_MEASURE,
         strict=config["strict"],
     script:

@@ -1,4 +1,4 @@
-"""Rule ``llm_infer``: the study's run and llama-bench-style figures of one model through one engine.
+"""Rule ``llm_infer``: the study's run and llama-bench-style figures of one model through each engine.
 
 Per engine, the correctness check first (no time is trusted before it: :mod:`gpulab.llm.checks`), then the
 figures of :mod:`gpulab.llm.figures`. Problems (no GPU for a big model, out of memory, a failing engine)
@@ -7,11 +7,12 @@ become rows with a status and a reason, never a missing file.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -285,9 +286,12 @@ def _write(job: Job, engine: str, rows: list[dict[str, Any]], texts: dict[str, A
     write_atomic(out / text_file, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
 
 
-def run_llm(resolved: ResolvedModel, engine: str, cfg: Mapping[str, Any], *, target: str, fingerprint: str,
-            ceiling: Ceiling, out_dir: str | Path, loaded: LoadedModel | None = None) -> list[dict[str, Any]]:
-    """Measure ``engine`` on one model; write ``<out_dir>/<model>__<engine>.csv`` and ``.json``; return the rows."""
+def run_llm(resolved: ResolvedModel, engines: Sequence[str], cfg: Mapping[str, Any], *, target: str,
+            fingerprint: str, ceiling: Ceiling, out_dir: str | Path, loaded: LoadedModel | None = None
+            ) -> list[dict[str, Any]]:
+    """Measure each of ``engines`` on one model, in order, in this process: the model loads once (on a GPU that
+    was ~16 s of every engine's job: the interpreter, PyTorch and transformers' model classes). Writes
+    ``<out_dir>/<model>__<engine>.csv`` and ``.json`` per engine; returns every engine's rows."""
     info = detect()
     aotriton = os.environ.get(AOTRITON_VARIABLE, "unset") if info.backend == "rocm" else "n/a (ROCm only)"
     base = {"target": target, "fingerprint": fingerprint, "model": resolved.spec, "model_source": resolved.source,
@@ -297,17 +301,34 @@ def run_llm(resolved: ResolvedModel, engine: str, cfg: Mapping[str, Any], *, tar
     problem = None
     if loaded is None:
         loaded, problem = load(job)
+    rows: list[dict[str, Any]] = []
+    for engine in engines:
+        rows += _run_one(job, engine, loaded, problem, Path(out_dir))
+        _release(info)
+    return rows
+
+
+def _run_one(job: Job, engine: str, loaded: LoadedModel | None, problem: tuple[str, str] | None, out: Path
+             ) -> list[dict[str, Any]]:
+    """One engine's rows, written; a failing engine becomes rows with its status and reason."""
     texts: dict[str, Any] = {"problem": problem[1]} if problem else {}
-    if problem:
-        rows = _outcome_rows(job, engine, *problem)
-    else:
+    if not problem:
         try:
             rows, texts, kernels = run_engine(engine, loaded, job)
         except Exception as exc:
             log.error("engine %s failed:\n%s", engine, traceback.format_exc())
             problem = (figures.error_status(exc), f"engine {engine}: {figures.first_line(exc)}")
-            rows = _outcome_rows(job, engine, *problem)
     if problem:
-        kernels = [{"status": problem[0], "reason": problem[1]}]
-    _write(job, engine, rows, texts, kernels, Path(out_dir))
+        rows, kernels = _outcome_rows(job, engine, *problem), [{"status": problem[0], "reason": problem[1]}]
+    _write(job, engine, rows, texts, kernels, out)
     return rows
+
+
+def _release(info: DeviceInfo) -> None:
+    """What the last engine held (its graphs, cache, compiled steps) goes back before the next one starts, so
+    each engine's peak-memory columns count its own memory and the loaded model's only."""
+    gc.collect()
+    torch._dynamo.reset()
+    if info.gpu_available:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
-"""Engine ``fast`` (gpt-fast's design): an eager :func:`prefill` with batched products and flash attention,
-and a :func:`decode_one_token` compiled with ``torch.compile`` whose whole step, the token choice included,
-is captured in ONE device graph per sampling setting.
+"""Engine ``fast`` (gpt-fast's design): a batched prefill (its layer compiled, flash attention) captured in one
+device graph per prompt length, and a :func:`decode_one_token` compiled with ``torch.compile`` whose whole step,
+the token choice included, is captured in ONE device graph per sampling setting.
 
 Every buffer the graph touches lives in :class:`State`: the next input token and its position, the tokens so
 far (for the repetition penalty and the output), the end-of-sequence flag. A replay reads them and writes the
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gpulab.llm import qwen2
-from gpulab.llm.graphs import Graphs, GraphSettings
+from gpulab.llm.graphs import Graphs, GraphSettings, LengthGraphs
 from gpulab.llm.sampling import next_token
 from gpulab.llm.study import Sampling
 
@@ -181,9 +181,10 @@ class FastDecoder(Decoder):
         # took ~100 s more than one layer). The output head runs eagerly on what is kept.
         self.prefill_layer = torch.compile(qwen2.layer, fullgraph=True, dynamic=True) if settings.compile \
             else qwen2.layer
-        self.prefill_note = "compiled prefill" if settings.compile else "eager prefill"
+        self.compile_note = "compiled prefill" if settings.compile else "eager prefill"
         self.graphs = Graphs(settings, self.device, lambda s: [lambda: self._step_eager(s)], lambda i: None,
                              self._snapshot, self._restore, self._fallback, "one device graph per step")
+        self.prefill_graphs = LengthGraphs(self._prefill_hidden, self.graphs.enabled)
         self.logits = torch.zeros(1, self.weights.dims.vocab, device=self.device)
         self.chosen = torch.zeros(1, dtype=torch.long, device=self.device)
 
@@ -194,25 +195,34 @@ class FastDecoder(Decoder):
     def _fallback(self) -> None:
         self.step_fn = decode_one_token
 
+    @property
+    def prefill_note(self) -> str:
+        return f"{self.compile_note} ({self.prefill_graphs.mode})"
+
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, sampling: Sampling, all_logits: bool = False) -> torch.Tensor:
         """The prompt (1-D ids) through the model in one batch; fills the cache and chooses the next token."""
         length = self._start(ids)
-        args = (self.weights, self.cache, ids.to(self.device).view(1, -1), torch.arange(length, device=self.device),
-                qwen2.prefill_attention)
-        hidden = self._prefill_hidden(*args) if length > 1 else qwen2.hidden(*args)  # one token: the decode kernels
+        ids = ids.to(self.device).view(1, -1)
+        if length > 1:
+            hidden = self.prefill_graphs(ids)
+        else:  # one token: the decode kernels
+            hidden = qwen2.hidden(self.weights, self.cache, ids, torch.zeros(1, dtype=torch.long, device=self.device),
+                                  qwen2.prefill_attention)
         logits = qwen2.logits(self.weights, hidden if all_logits else hidden[:, -1:])
         self._first_choice(logits, sampling, length)
         return logits
 
-    def _prefill_hidden(self, *args: Any) -> torch.Tensor:
+    def _prefill_hidden(self, ids: torch.Tensor) -> torch.Tensor:
         """The compiled prefill, or eager layers with the reason where compiling fails."""
+        args = (self.weights, self.cache, ids, torch.arange(ids.shape[-1], device=self.device),
+                qwen2.prefill_attention)
         try:
             return qwen2.hidden(*args, run_layer=self.prefill_layer)
         except Exception as exc:  # an Inductor failure must not lose the measurement
             if self.prefill_layer is qwen2.layer:
                 raise
-            self.prefill_note = f"eager prefill: compiling failed ({type(exc).__name__}: {str(exc)[:160]})"
-            log.warning("%s", self.prefill_note)
+            self.compile_note = f"eager prefill: compiling failed ({type(exc).__name__}: {str(exc)[:160]})"
+            log.warning("%s", self.compile_note)
             self.prefill_layer = qwen2.layer
             return qwen2.hidden(*args)

@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,19 @@ def models_by_slug(specs: list[str]) -> dict[str, str]:
 def needs_tiny(spec: str) -> bool:
     """The tiny model directory serves ``tiny`` itself and is the fallback tokenizer of random weights."""
     return spec_kind(spec) in ("tiny", "random")
+
+
+def runs_on_cpu(spec: str, models: Sequence[str], tiny_device: str, local_gpu_run: bool) -> bool:
+    """Whether ``spec``'s job measures the host CPU, beside the device jobs, in a local run on a GPU machine.
+
+    Only the tiny model, with ``llm.tiny_device: cpu``, or ``auto`` when another model is configured: that one
+    then runs every device path, and the tiny model's ~3 minutes of compiles, autotuning and cuDNN plans on the
+    H100 (about a sixth of the run) bought nothing it does not. On a cluster each job has its own node, so
+    nothing runs beside; on a machine without a GPU everything measures the CPU anyway.
+    """
+    if not local_gpu_run or spec_kind(spec) != "tiny" or tiny_device == "device":
+        return False
+    return tiny_device == "cpu" or any(spec_kind(m) != "tiny" for m in models)
 
 
 def download_settings(spec: str, llm_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.device import DeviceInfo, synchronize
+from gpulab.device import DeviceInfo, synchronize, teardown_profiler_after_use
 from gpulab.mlp.kernels import classify_kernel, cpu_op_records, device_kernel_records, short_kernel_name
 from gpulab.tables import Column, TableSchema
 
@@ -58,13 +58,14 @@ def category(name: str) -> str:
 
 
 def profile_run(run: Callable[[], Any], info: DeviceInfo) -> list[Any]:
-    """Kernel records (:class:`gpulab.mlp.kernels.KernelRecord`) of one call of ``run``."""
-    from torch.profiler import profile
+    """Kernel records (:class:`gpulab.mlp.kernels.KernelRecord`) of one call of ``run``. On a GPU the device
+    activity alone: the rows need no launching op, and recording every CPU op of transformers' 16 study tokens
+    and building their events took most of the 7B ``hf`` job's 28 s of profiles on the H100."""
+    from torch.profiler import ProfilerActivity, profile
 
-    from gpulab.mlp.profile import profiler_activities
-
+    teardown_profiler_after_use()
     synchronize(info)
-    with profile(activities=profiler_activities(info)) as prof:
+    with profile(activities=[ProfilerActivity.CUDA if info.gpu_available else ProfilerActivity.CPU]) as prof:
         run()
         synchronize(info)
     events = prof.events()

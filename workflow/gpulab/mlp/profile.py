@@ -31,7 +31,7 @@ import torch
 from torch.profiler import record_function
 
 from gpulab.ceilings import Ceilings, pct_of
-from gpulab.device import DeviceInfo, detect, synchronize
+from gpulab.device import DeviceInfo, detect, synchronize, teardown_profiler_after_use, warm_on_side_stream
 from gpulab.mlp.kernels import (
     BACKWARD_RANGE,
     FORWARD_RANGE,
@@ -228,12 +228,7 @@ def prepare_step(variant: Variant, model: MLP, x: torch.Tensor, info: DeviceInfo
 def capture_step(step: Callable[[], torch.Tensor], model: MLP, x: torch.Tensor) -> PreparedStep:
     """Capture the same step in a graph (PyTorch's whole-network recipe): warm up on a side stream, drop the
     gradients so backward allocates them from the graph's pool (static buffers a replay overwrites)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(GRAPH_WARMUP_STEPS):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
+    warm_on_side_stream(step, GRAPH_WARMUP_STEPS)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = step()
@@ -286,6 +281,7 @@ def run_profiler(step: Callable[[], Any], steps: int, info: DeviceInfo) -> Any:
     experimental = getattr(torch._C._profiler, "_ExperimentalConfig", None)
     if experimental is not None:  # verbose keeps Python frames in the stacks export_stacks writes
         kwargs["experimental_config"] = experimental(verbose=True)
+    teardown_profiler_after_use()  # the next variant is timed after this profile
     synchronize(info)
     with profile(activities=profiler_activities(info), with_stack=True, **kwargs) as prof:
         for _ in range(steps):
