@@ -20,7 +20,8 @@ LLM_ON_CPU = {
         spec, LLM["models"], LLM["tiny_device"], LOCAL_RUN and gpu_driver_present()
     )
 }
-LLM_CPU_THREADS = min(4, workflow.cores)
+# Only a local run has a core count (and only there does a model leave the device).
+LLM_CPU_THREADS = min(4, workflow.cores) if LLM_ON_CPU else 1
 
 
 wildcard_constraints:
