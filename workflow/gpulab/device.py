@@ -170,8 +170,8 @@ def hide_gpus(reason: str, environ: MutableMapping[str, str] | None = None) -> N
 def teardown_profiler_after_use(environ: MutableMapping[str, str] | None = None) -> None:
     """Have Kineto tear CUPTI down when a profile stops (``TEARDOWN_CUPTI=1``, unless set): left subscribed,
     CUPTI slows every later kernel launch of the process, and steps time more work after they profile (on the
-    H100 an eager 512-token prefill measured after another engine's profile took 44 ms, 24 ms in a fresh
-    process). Not on CUDA before 12.6, where re-initialising it after a teardown crashed with CUDA graphs
+    H100 an eager 512-token prefill timed after other engines' profiles took 44 ms; with the teardown 18 ms on two
+    other leases). Not on CUDA before 12.6, where re-initialising it after a teardown crashed with CUDA graphs
     (PyTorch turns it off there itself); ROCm's tracer is not CUPTI."""
     import torch
 
