@@ -20,6 +20,15 @@ LLM_ON_CPU = {
         spec, LLM["models"], LLM["tiny_device"], LOCAL_RUN and gpu_driver_present()
     )
 }
+# What one model's job writes: these files for every configured engine.
+LLM_ENGINE_OUTPUTS = {
+    name: expand(result(path), engine=LLM["engines"], allow_missing=True)
+    for name, path in {
+        "csv": "llm/{model}__{engine}.csv",
+        "text": "llm/{model}__{engine}.json",
+        "kernels": "llm/kernels/{model}__{engine}.csv",
+    }.items()
+}
 # Only a local run has a core count (and only there does a model leave the device).
 LLM_CPU_THREADS = min(4, workflow.cores) if LLM_ON_CPU else 1
 
@@ -84,22 +93,10 @@ rule llm_infer:
     output:
         csv=[
             report(p, caption="../report/llm.rst", category="LLM inference")
-            for p in expand(
-                result("llm/{model}__{engine}.csv"),
-                engine=LLM["engines"],
-                allow_missing=True,
-            )
+            for p in LLM_ENGINE_OUTPUTS["csv"]
         ],
-        text=expand(
-            result("llm/{model}__{engine}.json"),
-            engine=LLM["engines"],
-            allow_missing=True,
-        ),
-        kernels=expand(
-            result("llm/kernels/{model}__{engine}.csv"),
-            engine=LLM["engines"],
-            allow_missing=True,
-        ),
+        text=LLM_ENGINE_OUTPUTS["text"],
+        kernels=LLM_ENGINE_OUTPUTS["kernels"],
     log:
         log_of("llm_infer_{model}"),
     benchmark:
