@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from gpulab.device import DeviceInfo, detect, gfx_from_override, offload_archs
 
@@ -64,10 +69,6 @@ def test_a_gpu_driver_is_told_by_its_device_nodes(tmp_path):
 
 
 def test_hidden_gpus_make_a_process_measure_the_cpu_and_say_why():
-    import os
-    import subprocess
-    import sys
-
     code = ("from gpulab.device import hide_gpus, detect; hide_gpus('the tiny model runs beside'); "
             "import os, torch; i = detect(); "
             "print(i.gpu_available, torch.cuda.is_available(), os.environ['CUDA_VISIBLE_DEVICES'], "
@@ -87,3 +88,82 @@ def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda
     environ = {} if preset is None else {"TEARDOWN_CUPTI": preset}
     teardown_profiler_after_use(environ)
     assert environ.get("TEARDOWN_CUPTI") == expected
+
+
+def _claim_in_subprocess(lock: Path, hold_s: float) -> subprocess.Popen:
+    code = ("import logging, sys, time; logging.basicConfig(level=logging.INFO, stream=sys.stdout, "
+            "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
+            "from gpulab.device import claim_device; "
+            f"print('waited', claim_device({str(lock)!r}), flush=True); time.sleep({hold_s})")
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_job_waits_for_the_device_until_the_job_holding_it_exits(tmp_path):
+    from gpulab.device import device_wait_s
+
+    lock = tmp_path / "device.lock"
+    first = _claim_in_subprocess(lock, hold_s=2.0)
+    assert first.stdout is not None and "INFO" in first.stdout.readline()  # the first claim: no wait
+    second = _claim_in_subprocess(lock, hold_s=0.0)
+    first.communicate(timeout=60)
+    out_second, _ = second.communicate(timeout=60)
+    assert second.returncode == 0 and first.returncode == 0
+    # the second job's claim returned only once the first job had exited (after its 2 s), and its log says so
+    assert device_wait_s(out_second) > 1.0, out_second
+    assert "waited" in out_second
+
+
+def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path, monkeypatch):
+    import gpulab.device as device
+
+    monkeypatch.setattr(device, "_CLAIM", {"armed": False, "file": None})
+    monkeypatch.delenv(device.DEVICE_LOCK_VAR, raising=False)
+    assert device.claim_device() is None  # no lock named: cluster runs, CPU-only machines
+    lock = str(tmp_path / "device.lock")
+    assert device.claim_device(lock) is not None
+    assert device.claim_device(lock) is None  # held already: re-entrant within the job
+    device._CLAIM["file"].close()
+
+
+def test_the_device_wait_is_read_back_from_a_log_line():
+    from gpulab.device import CLAIM_MESSAGE, device_wait_s
+
+    line = "2026-11-25 01:00:00,000 INFO gpulab.device: " + CLAIM_MESSAGE % 12.345
+    assert device_wait_s("started\n" + line + "\nmore\n") == pytest.approx(12.35)
+    assert device_wait_s("a job that never claimed the device\n") == 0.0
+    # two helper processes that waited at once (10 s and 14 s, ending 4 s apart) waited 14 s of the job's time,
+    # and the job's own claim after them another 1 s
+    lines = ["2026-11-25 01:00:10,000 INFO gpulab.device (pid 7): " + CLAIM_MESSAGE % 10,
+             "2026-11-25 01:00:14,000 INFO gpulab.device (pid 8): " + CLAIM_MESSAGE % 14,
+             "2026-11-25 01:00:20,000 INFO gpulab.device: " + CLAIM_MESSAGE % 1]
+    assert device_wait_s("\n".join(lines)) == pytest.approx(15.0)
+
+
+def test_a_helper_process_writes_its_claim_to_the_jobs_log(tmp_path):
+    """A job's fresh interpreter (the extension's bad-input cases, the tutorial timings) has no logging of its own:
+    its claim still reaches the job's log, so the report can tell its wait from the job's work."""
+    from gpulab.device import JOB_LOG_VAR, device_wait_s
+
+    log = tmp_path / "job.log"
+    code = f"from gpulab.device import claim_device; claim_device({str(tmp_path / 'device.lock')!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, JOB_LOG_VAR: str(log)})
+    text = log.read_text()
+    assert "device claimed after waiting" in text and device_wait_s(text) < 1.0
+
+
+def test_the_device_lock_is_per_user_and_per_visible_devices():
+    from gpulab.device import device_lock_path
+
+    assert device_lock_path({"CUDA_VISIBLE_DEVICES": "0"}) != device_lock_path({"CUDA_VISIBLE_DEVICES": "1"})
+    assert device_lock_path({}) == device_lock_path({})
+    assert str(os.getuid()) in Path(device_lock_path({})).name
+    assert "/" not in Path(device_lock_path({"CUDA_VISIBLE_DEVICES": "GPU-1/2"})).name
+
+
+@pytest.mark.parametrize(("resources", "expected"), [({"gpu": 1}, True), ({"gpu": 0}, False), ({}, False)])
+def test_only_jobs_holding_the_gpu_resource_claim_the_device(resources, expected):
+    from types import SimpleNamespace
+
+    from gpulab.step import holds_gpu
+
+    assert holds_gpu(SimpleNamespace(resources=SimpleNamespace(**resources))) is expected

@@ -189,7 +189,32 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
     assert not holds_device({})
     html = two_target_report().path.read_text(encoding="utf-8")
     found = re.search(r"Critical path of <strong>cpu</strong>: ([\d.]+) s.*?The jobs that hold the device add up to "
-                      r"([\d.]+) s(:\s*on one device they, not the critical path)?", html, re.S)
+                      r"([\d.]+) s without their waits(:\s*on one device they, not the critical path)?", html, re.S)
     assert found, "the cpu target's critical path and device time"
     assert float(found.group(2)) == pytest.approx(device, abs=0.1)
     assert (float(found.group(2)) > float(found.group(1))) == bool(found.group(3))
+
+
+def test_a_jobs_wait_for_the_device_is_not_counted_as_its_work(tmp_path):
+    """Two device jobs run at once in a local run on a GPU; the one waiting for the device says so in its log
+    (gpulab.device.claim_device), and the critical path and the device jobs' sum leave that wait out."""
+    from types import SimpleNamespace
+
+    from gpulab.device import CLAIM_MESSAGE
+    from gpulab.report.sections.methodology import _path_summary, step_times
+
+    outputs = {"env": ["results/{target}/env/env.json"], "cell": ["results/{target}/bench/cells/{op}.csv"]}
+    records = [{**record("env", "env", 10, []), "resources": {"gpu": 1}},
+               {**record("cell_a", "cell", 20, ["results/t/env/env.json"], op="a"), "resources": {"gpu": 1}},
+               {**record("cell_b", "cell", 32, ["results/t/env/env.json"], op="b"), "resources": {"gpu": 1}}]
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "cell_b.log").write_text("2026-11-25 01:00:00,000 INFO gpulab.device: "
+                                                  + CLAIM_MESSAGE % 18.0 + "\n")
+    results = SimpleNamespace(targets=["t"], benchmarks=lambda target: records,
+                              path=lambda target, rel: tmp_path / rel)
+    times, paths = step_times(SimpleNamespace(results=results, config={"_workflow": {"rule_outputs": outputs}}))
+    assert dict(zip(times["step"], times["of it waiting for the device (s)"], strict=True)) == \
+        {"env": 0.0, "cell_a": 0.0, "cell_b": 18.0}
+    assert paths["t"] == ["env", "cell_a"]  # cell_b worked 14 s of its 32
+    summary = _path_summary(times, paths["t"])
+    assert summary["seconds"] == pytest.approx(30.0) and summary["device_seconds"] == pytest.approx(44.0)

@@ -233,3 +233,14 @@ def test_absent_gpu_or_tool_is_recorded_not_raised(monkeypatch):
     state = gpu_state("cuda")
     assert not state["available"] and "nvidia-smi not found" in state["reason"]
     assert throttled(state, state).startswith("unknown: nvidia-smi")
+
+
+def test_auto_minimum_time_is_shorter_on_a_gpu_whose_repetitions_agree():
+    from gpulab.device import DeviceInfo
+    from gpulab.timing import CPU_MIN_TIME_S, GPU_MIN_TIME_S
+
+    gpu = DeviceInfo(backend="cuda", torch_version="2", hip_version=None, cuda_version="13.0", gpu_available=True)
+    cpu = DeviceInfo(backend="cpu", torch_version="2", hip_version=None, cuda_version=None, gpu_available=False)
+    assert TimingSettings().for_device(gpu).min_time_s == GPU_MIN_TIME_S < CPU_MIN_TIME_S
+    assert TimingSettings().for_device(cpu).min_time_s == CPU_MIN_TIME_S
+    assert TimingSettings(min_time_s=0.5).for_device(gpu).min_time_s == 0.5  # a configured value is kept

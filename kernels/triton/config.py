@@ -96,8 +96,9 @@ ELEMENTWISE_PRUNE = {"early_config_prune": prune_to_family}
 
 
 def quick_bench(kernel_call, quantiles):
-    """Autotuning benchmark: short (5 ms warm-up, 25 ms of repetitions) since seven configs are
-    tried per tensor size and dtype; differences between configs are a few percent, above its noise."""
+    """Autotuning benchmark: short (5 ms warm-up, 25 ms of repetitions) since seven elementwise configs are tried
+    per tensor size and dtype, and 19 GEMV configs per product shape; differences between configs are a few
+    percent, above its noise."""
     from triton.testing import do_bench
 
     return do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)

@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from .config import quick_bench
+
 if TYPE_CHECKING:
     import torch
 
 # The product sizes a 7B decoder has (N rows by K columns, 3.5k-38k each way): a few tile shapes, timed once per
-# shape on the device by triton.autotune when the decode step first runs (before any graph is captured). A
+# shape on the device by triton.autotune when the decode step first runs (before any graph is captured; each config
+# for 30 ms, not Triton's default 125 ms, which for 19 configs x 5 shapes comes to 12 s of the 7B job). A
 # loop step's loads are all a thread has in flight (nothing pipelines them), so the tiles go up to 128 elements
 # a thread (sixteen 16-byte loads of a 2-byte type): BLOCK_N * BLOCK_K / (32 * num_warps).
 CONFIGS = [
@@ -33,7 +36,7 @@ CONFIGS = [
 ]
 
 
-@triton.autotune(configs=CONFIGS, key=["N", "K", "GATED"])
+@triton.autotune(configs=CONFIGS, key=["N", "K", "GATED"], do_bench=quick_bench)
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, norm_ptr, y_ptr, N, K,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab.device import DeviceInfo, detect, offload_archs
+from gpulab.device import DeviceInfo, detect, offload_archs, probe
 from gpulab.env_capture import ToolResult, run_tool
 from gpulab.paths import KERNELS_DIR, default_cache_root
 from gpulab.tables import Column, TableSchema, write_atomic
@@ -174,8 +174,9 @@ def run_standalone(
     device: DeviceInfo | None = None, environ: Mapping[str, str] | None = None, source: Path = SOURCE,
     timeout_s: float = 900, toolkit_dirs: bool = True,
 ) -> list[dict[str, Any]]:
-    """Build and run the program; write the table and both raw logs; return the rows."""
-    info = device or detect()
+    """Build and run the program; write the table and both raw logs; return the rows. The compiler runs before
+    the device is claimed (``probe``), the program after (``detect``)."""
+    info = device or probe()
     sizes = list(build_config.get("standalone_sizes", [1024]))
     flags = list(build_config.get("extra_cflags", ["-O3"]))
     base = {"target": target, "fingerprint": fingerprint}
@@ -206,7 +207,9 @@ def run_standalone(
     rows = [{**base, **common, "status": "ok", "reason": "", "phase": "build", "build_s": build_s,
              "binary_bytes": binary.stat().st_size, "log_file": build_name}]
 
-    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing)], timeout_s=timeout_s,
+    if device is None:
+        detect()
+    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing.for_device(info))], timeout_s=timeout_s,
                    env=env)
     write_atomic(run_log, _raw(ran))
     rows += _run_rows(ran, plan, sizes, timing, {**base, **common, "phase": "run", "log_file": run_name})

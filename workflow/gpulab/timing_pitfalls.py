@@ -16,10 +16,11 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpulab.device import DeviceInfo, detect
+from gpulab.device import DeviceInfo, arm_device_claim, detect, probe
 from gpulab.env_capture import run_tool
 from gpulab.tables import Column, TableSchema
 from gpulab.timing import TimingSettings, measure
@@ -79,12 +80,15 @@ def tutorial_measurement(manifest: Path, native_first: bool, size: int = TUTORIA
             "device": dev}
 
 
-def _tutorial_in_subprocess(manifest: Path, native_first: bool, size: int, timeout_s: float) -> dict[str, Any]:
+def _tutorial_in_subprocess(manifest: Path, native_first: bool, size: int, timeout_s: float,
+                            claim: bool = False) -> dict[str, Any]:
     import sys
 
     argv = [sys.executable, "-m", "gpulab.timing_pitfalls", "--manifest", str(manifest), "--size", str(size)]
     if native_first:
         argv.append("--native-first")
+    if claim:
+        argv.append("--claim-device")
     result = run_tool("python:gpulab.timing_pitfalls", argv, timeout_s=timeout_s)
     if result.status != "ok":
         raise RuntimeError(f"the tutorial measurement failed: {result.reason}\n{result.stderr[-3000:]}")
@@ -100,12 +104,14 @@ def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, manif
                  size: int = TUTORIAL_SIZE, device: DeviceInfo | None = None,
                  timeout_s: float = 600) -> list[dict[str, Any]]:
     """Rows of timing_pitfalls.csv: the tutorial's readings (both orders) and the measured medians, with
-    the library the extension step's ``manifest`` names."""
+    the library the extension step's ``manifest`` names. The two tutorial processes start together and each
+    claims the device for its reading (gpulab.device), so one starts PyTorch while the other measures; this
+    process claims it after them."""
     import torch
 
     from gpulab.build import load_from_manifest
 
-    info = device or detect()
+    info = device or probe()
     base = {"target": target, "fingerprint": fingerprint, "dtype": "fp32", "size": size,
             "device": info.torch_device}
     loaded = load_from_manifest(manifest)
@@ -115,8 +121,13 @@ def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, manif
                  "method": m, "impl": i} for m in ("tutorial", "tutorial_reversed", "measured")
                 for i in ("cpp_ext", "native")]
     rows = []
-    for method, native_first in (("tutorial", False), ("tutorial_reversed", True)):
-        got = _tutorial_in_subprocess(manifest, native_first, size, timeout_s)
+    orders = (("tutorial", False), ("tutorial_reversed", True))
+    with ThreadPoolExecutor(max_workers=len(orders)) as pool:
+        readings = list(pool.map(lambda o: _tutorial_in_subprocess(manifest, o[1], size, timeout_s, device is None),
+                                 orders))
+    if device is None:
+        detect()
+    for (method, _), got in zip(orders, readings, strict=True):
         speedup = got["ms"]["native"] / got["ms"]["cpp_ext"] if got["ms"]["cpp_ext"] > 0 else math.nan
         for position, impl in enumerate(got["order"], start=1):
             ms = got["ms"][impl]
@@ -148,7 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--manifest", type=Path, required=True, help="the extension step's manifest")
     parser.add_argument("--size", type=int, default=TUTORIAL_SIZE)
     parser.add_argument("--native-first", action="store_true")
+    parser.add_argument("--claim-device", action="store_true",
+                        help="wait for, then hold, the run's device lock (gpulab.device) for the reading")
     args = parser.parse_args(argv)
+    if args.claim_device:
+        arm_device_claim()
     print(json.dumps(tutorial_measurement(args.manifest, args.native_first, args.size)))
     return 0
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from gpulab.cluster import device_job_resources
 from gpulab.config import run_targets
-from gpulab.device import gpu_driver_present
+from gpulab.device import DEVICE_LOCK_VAR, device_lock_path, gpu_driver_present
 from gpulab.jobenv import mark_serial_run, prepare
 from gpulab.sources import kernel_sources, step_sources
 
@@ -74,11 +74,18 @@ gpu_resources = device_job_resources(config)
 # Snakemake needs --jobs for a cluster run and takes it as --cores for a local one: without it, the run is local
 # (the Snakefile is read before the executor is chosen, so this is the one sign available here).
 LOCAL_RUN = workflow.nodes is None
-# A local run has one device: the jobs that use it (`resources: gpu`) run one at a time whatever --cores says,
+# A local run has one device: the jobs that use it (`resources: gpu`) measure one at a time whatever --cores says,
 # CPU-only jobs (compiles, the tiny model, aggregates, the report) beside them; `--resources gpu=N` overrides.
-# Never on a cluster, where each job has its node's GPUs: a limit would throttle submissions and cap requests.
+# With a GPU, three such jobs run at once and the device lock (gpulab.device.claim_device) orders their device
+# work: one measures while the others start Python and their libraries and run their compilers (three: after the
+# environment capture, the HIP program's and the extension's builds and the ceilings' imports all overlap). Without
+# one the device jobs measure the CPU on every core (DEVICE_THREADS), so one at a time. Never on a cluster, where
+# each job has its node's GPUs: a limit would throttle submissions and cap requests.
+DEVICE_LOCK = LOCAL_RUN and workflow.is_main_process and gpu_driver_present()
+if DEVICE_LOCK:
+    os.environ[DEVICE_LOCK_VAR] = device_lock_path()
 if LOCAL_RUN and "gpu" not in workflow.global_resources:
-    workflow.register_resource("gpu", 1)
+    workflow.register_resource("gpu", 3 if DEVICE_LOCK else 1)
 # `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes
 # every core, so nothing runs beside it (CPU-only jobs still run beside each other).
 DEVICE_THREADS = workflow.cores if LOCAL_RUN and not gpu_driver_present() else 1

@@ -5,12 +5,10 @@ from gpulab.step import Step, run
 
 def main(step: Step) -> None:
     from gpulab.bench.sizes import matrix_tensor_bytes, max_tensor_bytes
-    from gpulab.build import load_from_manifest
     from gpulab.ceilings import CEILINGS, measure_ceilings
     from gpulab.device import detect
     from gpulab.mlp.model import gemm_shapes, resolve_shape
 
-    load_from_manifest(step.input.extension)  # the extension's vector_add is one of the add ceiling's methods
     info = detect()
     bench = step.params.bench
     rows = measure_ceilings(
@@ -25,7 +23,7 @@ def main(step: Step) -> None:
     table = CEILINGS.write(rows, step.output[0])
     step.show(table, ["kind", "dtype", "size", "method", "best", "status", "gbps", "tflops", "median_ms", "reps",
                       "stable"])
-    # Without a GPU, Triton and the extension are skipped by design: strict judges the methods that can run.
+    # Without a GPU, Triton is skipped by design: strict judges the methods that can run.
     step.strict(table if info.gpu_available else table[table["status"] != "skipped"], "bench_ceilings")
 
 

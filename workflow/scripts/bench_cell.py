@@ -1,12 +1,14 @@
 """Snakemake script of rule bench_cell: one (target, op, implementation) over all sizes and dtypes."""
 
-from gpulab.step import Step, run
+from gpulab.step import Step, run, start_inductor
 
 
 def main(step: Step) -> None:
     from gpulab.bench.runner import bench_cell_job
 
     op, impl = step.wildcards.op, step.wildcards.impl
+    if impl == "torch_compile":
+        start_inductor()
     if impl == "cpp_ext":  # the cell loads exactly the library the build step's manifest names
         from gpulab.build import load_from_manifest
 

@@ -3,7 +3,7 @@
 import math
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.step import Step, run, start_inductor
 
 # The ceilings job measured the device, not the CPU this job may measure instead (llm.tiny_device).
 NO_CPU_CEILING = "none: measured on the host CPU beside the device jobs (llm.tiny_device), the ceilings on the device"
@@ -24,6 +24,8 @@ def main(step: Step) -> None:
 
     if step.params.on_cpu:
         torch.set_num_threads(step.snakemake.threads)  # the cores it was granted, not the device jobs' too
+    else:
+        start_inductor()  # the fast engines' compiled steps
     resolved = ResolvedModel.read(step.input.model)
     if model_slug(resolved.spec) != step.wildcards.model:
         raise SystemExit(f"{step.input.model} describes {resolved.spec}, not this job's model {step.wildcards.model}")

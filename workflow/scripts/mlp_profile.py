@@ -2,12 +2,14 @@
 
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.step import Step, run, start_inductor
 
 
 def main(step: Step) -> None:
     from gpulab.ceilings import Ceilings
     from gpulab.mlp.profile import profile_mlp, strict_rows
+
+    start_inductor()  # the compiled variants
 
     summary = profile_mlp(
         step.params.mlp, step.timing(), target=step.target, fingerprint=step.fingerprint,

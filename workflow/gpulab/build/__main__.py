@@ -1,8 +1,8 @@
 """Fresh-process helpers of the extension step (``python -m gpulab.build``), each printing one JSON line.
 
 ``load --manifest M``: load the library the manifest names (the step's warm load);
-``case --manifest M --case NAME [--case NAME ...] --device D``: bad-input calls in order, one JSON line
-each, printed as each ends (a crash kills only this process; the caller sees which case did it).
+``case --manifest M --case NAME [--case NAME ...] --device D [--claim-device]``: bad-input calls in order, one
+JSON line each, printed as each ends (a crash kills only this process; the caller sees which case did it).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=[],
                         help="bad-input case name (gpulab.build.checks.BAD_CASES); repeatable")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--claim-device", action="store_true",
+                        help="wait for, then hold, the run's device lock (gpulab.device) before the cases")
     args = parser.parse_args(argv)
     import torch  # noqa: F401  (imported first: its import time is not the extension's load time)
 
@@ -31,6 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(loaded.as_dict(), default=str))
         return 0 if loaded.status != "failed" else 1
     loaded.raise_for_status()
+    if args.claim_device:
+        from gpulab.device import claim_device
+
+        claim_device()
     for name in args.case:
         print(json.dumps({"case": name, **call_case(name, args.device)}), flush=True)
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.bench.ops import GELU_C2
-from gpulab.device import DeviceInfo, detect
+from gpulab.device import DeviceInfo, detect, probe
 from gpulab.env_capture import run_tool
 from gpulab.tables import Column, TableSchema
 
@@ -249,7 +249,7 @@ def judge(case: BadCase, got: dict[str, Any]) -> tuple[str, str]:
 
 
 def _cases_in_subprocess(manifest: Path, names: Sequence[str], device: str,
-                         timeout_s: float) -> dict[str, dict[str, Any]]:
+                         timeout_s: float, claim: bool = False) -> dict[str, dict[str, Any]]:
     """What each case did, the cases run in order in one fresh process that prints one JSON line per case
     (one torch import, not one per case). A crash or time-out is charged to the first case without a line;
     the cases after it go on in a new process, so one bad case never hides the others' outcomes."""
@@ -257,7 +257,7 @@ def _cases_in_subprocess(manifest: Path, names: Sequence[str], device: str,
     todo = list(names)
     while todo:
         argv = [sys.executable, "-m", "gpulab.build", "case", "--manifest", str(manifest), "--device", device,
-                *(arg for name in todo for arg in ("--case", name))]
+                *(arg for name in todo for arg in ("--case", name)), *(["--claim-device"] if claim else [])]
         result = run_tool("python:gpulab.build case", argv, timeout_s=timeout_s * len(todo))
         for line in result.stdout.splitlines():
             if line.startswith("{"):
@@ -302,9 +302,10 @@ def _bad_input_row(case: BadCase, got: dict[str, Any] | None, info: DeviceInfo) 
 def check_bad_inputs(target: str, fingerprint: str, manifest: Path, device: DeviceInfo | None = None,
                      cases: Sequence[BadCase] = BAD_CASES, timeout_s: float = 300) -> list[dict[str, Any]]:
     """Rows of the bad-input cases, run in a fresh process that loads the manifest's library (a crash
-    there is a ``failed`` row, see :func:`_cases_in_subprocess`); ``timeout_s`` per case."""
-    info = device or detect()
+    there is a ``failed`` row, see :func:`_cases_in_subprocess`); ``timeout_s`` per case. Without ``device`` the
+    fresh process claims the device itself (gpulab.device): call this before this process claims it."""
+    info = device or probe()
     runnable = [c.name for c in cases if info.gpu_available or not c.needs_gpu]
-    got = _cases_in_subprocess(manifest, runnable, info.torch_device, timeout_s) if runnable else {}
+    got = _cases_in_subprocess(manifest, runnable, info.torch_device, timeout_s, device is None) if runnable else {}
     return [{"target": target, "fingerprint": fingerprint, **_bad_input_row(c, got.get(c.name), info)}
             for c in cases]

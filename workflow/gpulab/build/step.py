@@ -16,7 +16,7 @@ from gpulab.build.checks import EXTENSION_CHECKS, check_bad_inputs, check_ops
 from gpulab.build.compile import ExtensionBuildError, ExtensionLoad, build
 from gpulab.build.manifest import write_manifest
 from gpulab.build.plan import DEFAULT_EXTRA_CFLAGS, SOURCE_DIR
-from gpulab.device import DeviceInfo
+from gpulab.device import DeviceInfo, probe
 from gpulab.env_capture import run_tool
 from gpulab.tables import Column, TableSchema, write_atomic
 
@@ -92,7 +92,8 @@ def run_extension_step(
     compiler's output, so the step fails with the compiler's message in its log (and writes nothing)."""
     pinned = list(build_config.get("offload_archs") or []) or None
     flags = list(build_config.get("extra_cflags", DEFAULT_EXTRA_CFLAGS))
-    cold = build(target, pinned_archs=pinned, extra_cflags=flags, cache_root=cache_root, device=device,
+    # The compiler needs the architecture only: it runs before the checks claim the device (gpulab.device).
+    cold = build(target, pinned_archs=pinned, extra_cflags=flags, cache_root=cache_root, device=device or probe(),
                  source_dir=source_dir)
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if cold.status == "failed":
@@ -111,7 +112,10 @@ def run_extension_step(
     warm = warm_load_in_subprocess(manifest)
     print(f"warm load in a fresh process: {warm.status} in {warm.seconds:.3f} s {warm.reason}")
     shutil.copyfile(cold.log_path, build_log)
-    checks = check_ops(target, fingerprint, device) + check_bad_inputs(target, fingerprint, manifest, device)
+    # Before this process claims the device: the bad-input process starts PyTorch while another job measures,
+    # then claims the device itself.
+    bad = check_bad_inputs(target, fingerprint, manifest, device)
+    checks = check_ops(target, fingerprint, device) + bad
     _print_checks(checks)
     EXTENSION_CHECKS.write(checks, checks_csv)
     EXTENSION.write(extension_rows(cold, warm, target=target, fingerprint=fingerprint, now=now), out_csv)

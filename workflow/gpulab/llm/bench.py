@@ -22,7 +22,7 @@ import torch
 from gpulab.device import DeviceInfo, detect
 from gpulab.llm import checks, figures, profile, study
 from gpulab.llm.engines import FastEngine, HfEngine
-from gpulab.llm.models import LoadedModel, ResolvedModel, load_model, model_slug
+from gpulab.llm.models import LoadedModel, ResolvedModel, import_transformers, load_model, model_slug
 from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
 from gpulab.llm.roofline import Ceiling
 from gpulab.llm.study import MESSAGES, Sampling
@@ -292,6 +292,7 @@ def run_llm(resolved: ResolvedModel, engines: Sequence[str], cfg: Mapping[str, A
     """Measure each of ``engines`` on one model, in order, in this process: the model loads once (on a GPU that
     was ~16 s of every engine's job: the interpreter, PyTorch and transformers' model classes). Writes
     ``<out_dir>/<model>__<engine>.csv`` and ``.json`` per engine; returns every engine's rows."""
+    import_transformers()
     info = detect()
     aotriton = os.environ.get(AOTRITON_VARIABLE, "unset") if info.backend == "rocm" else "n/a (ROCm only)"
     base = {"target": target, "fingerprint": fingerprint, "model": resolved.spec, "model_source": resolved.source,

@@ -309,6 +309,13 @@ def _dtype_kwarg() -> str:
     return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
+def import_transformers() -> None:
+    """Import transformers' model classes: 11 s of every LLM job on the lent H100 host (``python -X importtime``:
+    ``transformers.models.auto.auto_factory``), none of it on the device, so a job does it before it claims the
+    device (gpulab.device) and another job's measurements run meanwhile."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: F401
+
+
 def load_model(resolved: ResolvedModel, device: str, dtype: str = "bf16", seed: int = 0) -> LoadedModel:
     """Tokenizer and weights of a resolved spec, on ``device``, timed like the study (load only).
 
@@ -323,8 +330,8 @@ def load_model(resolved: ResolvedModel, device: str, dtype: str = "bf16", seed: 
     from gpulab.dtypes import ITEMSIZE, torch_dtype
 
     tdtype = torch_dtype(dtype)
-    # each preparation step logged, so a job's log shows its startup: on the lent H100 host, importing
-    # transformers' model classes above took 11 s of every LLM job (measured with python -X importtime)
+    # each preparation step logged, so a job's log shows its startup (import_transformers says what the import
+    # above costs where it is the first)
     log.info("transformers imported; loading the tokenizer")
     tokenizer = AutoTokenizer.from_pretrained(resolved.tokenizer_path)
     log.info("tokenizer loaded; starting the device")

@@ -17,15 +17,18 @@ from typing import Any
 import pandas as pd
 
 from gpulab.config import config_hash
+from gpulab.device import device_wait_s
 from gpulab.env_capture import git_state
 from gpulab.report.results import is_measured, job_outputs
 from gpulab.timing import (
     CPU_FLUSH_BYTES,
     CPU_MAX_WALL_S,
     CPU_MIN_SPAN_S,
+    CPU_MIN_TIME_S,
     GPU_FLUSH_BYTES,
     GPU_MAX_WALL_S,
     GPU_MIN_SPAN_S,
+    GPU_MIN_TIME_S,
     TimingSettings,
 )
 
@@ -123,20 +126,30 @@ def _params_hash(params: Any) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def _device_wait(ctx: Any, target: str, job: str) -> float:
+    """Seconds the job waited for another job's measurements (its log's claim line, gpulab.device)."""
+    log = ctx.results.path(target, f"logs/{job}.log")
+    return device_wait_s(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else 0.0
+
+
 def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
-    """Per target and job: wall time, CPU time and peak memory from Snakemake's benchmark records, the hash
-    of the job's params (its part of the configuration) and whether it is on the critical path."""
+    """Per target and job: wall time, the part of it spent waiting for the device, CPU time and peak memory from
+    Snakemake's benchmark records, the hash of the job's params (its part of the configuration) and whether it is
+    on the critical path (judged on the time each job worked, without its wait)."""
     rule_outputs = (ctx.config.get("_workflow") or {}).get("rule_outputs") or {}
     rows, paths = [], {}
     for target in ctx.results.targets:
         records = ctx.results.benchmarks(target)
-        path = critical_path(records, rule_outputs) if rule_outputs else []
+        waits = {r["job"]: _device_wait(ctx, target, r["job"]) for r in records}
+        worked = [{**r, "s": max(0.0, float(r.get("s") or 0.0) - waits[r["job"]])} for r in records]
+        path = critical_path(worked, rule_outputs) if rule_outputs else []
         paths[target] = path
         for r in records:
             rows.append({
                 "target": target,
                 "step": r["job"],
                 "wall (s)": float(r.get("s") or 0.0),
+                "of it waiting for the device (s)": waits[r["job"]],
                 "CPU (s)": pd.to_numeric(r.get("cpu_time"), errors="coerce"),
                 "max RSS (MB)": pd.to_numeric(r.get("max_rss"), errors="coerce"),
                 "params hash": _params_hash(r["params"]) if "params" in r else "–",
@@ -156,11 +169,13 @@ def holds_device(record: Mapping[str, Any]) -> bool:
 
 
 def _path_summary(times: pd.DataFrame, path: list[str]) -> dict[str, Any]:
-    """The critical path's steps and wall time, and the device jobs' summed wall time (a local run on one device
-    takes them one at a time, so it cannot finish sooner than either), against the wall time of all steps."""
-    return {"steps": path, "seconds": float(times[times["step"].isin(path)]["wall (s)"].sum()),
-            "device_seconds": float(times[times["holds the device"] == "yes"]["wall (s)"].sum()),
-            "total": float(times["wall (s)"].sum())}
+    """The critical path's steps and time, and the device jobs' summed time (a local run on one device measures
+    them one at a time, so it cannot finish sooner than either), against the time of all steps; each job's time
+    without its wait for the device."""
+    worked = times["wall (s)"] - times["of it waiting for the device (s)"]
+    return {"steps": path, "seconds": float(worked[times["step"].isin(path)].sum()),
+            "device_seconds": float(worked[times["holds the device"] == "yes"].sum()),
+            "total": float(worked.sum())}
 
 
 def step_params(ctx: Any) -> pd.DataFrame:
@@ -190,6 +205,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "gpu_flush_mib": GPU_FLUSH_BYTES // 2**20,
         "cpu_flush_mib": CPU_FLUSH_BYTES // 2**20,
         "spans": f"{CPU_MIN_SPAN_S:g} s (CPU) or {GPU_MIN_SPAN_S:g} s (GPU)",
+        "min_times": f"{GPU_MIN_TIME_S:g} s (GPU) or {CPU_MIN_TIME_S:g} s (CPU)",
         "walls": f"{GPU_MAX_WALL_S:g} s (GPU) or {CPU_MAX_WALL_S:g} s (CPU)",
         "in_use": timing_in_use(ctx),
         "ceilings": ceilings_table(ctx),
