@@ -366,15 +366,16 @@ def test_report_section_renders(profiled, tmp_path):
     assert "TF32 is a CUDA matmul mode; this target has no CUDA GPU" in section  # the skipped row says why
 
 
-def test_a_variant_that_breaks_is_recorded_not_raised(tmp_path, monkeypatch):
+def test_a_variant_that_breaks_is_recorded_not_raised(tmp_path):
     # No working C++ compiler is the realistic way the compiled variant fails on a bare CPU host.
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-cxx"),))
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    # Inductor's own patch, not monkeypatch: monkeypatch's undo deletes a config entry (fx_graph_cache then "does
+    # not exist" for every later compile of the session).
     config = {**TINY, "dim": 40, "variants": ["compiled", "fp32"]}
-    summary = profile_mlp(config, TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False),
-                          target="local", fingerprint="test", ceilings=None, out_dir=tmp_path)
+    with inductor_config.patch({"cpp.cxx": (str(tmp_path / "no-such-cxx"),), "fx_graph_cache": False}):
+        summary = profile_mlp(config, TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False),
+                              target="local", fingerprint="test", ceilings=None, out_dir=tmp_path)
     rows = summary.set_index("variant")
     assert rows.loc["compiled", "status"] == "failed"
     assert "compiler" in rows.loc["compiled", "reason"].lower()
