@@ -120,8 +120,10 @@ def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path
     monkeypatch.delenv(device.DEVICE_LOCK_VAR, raising=False)
     assert device.claim_device() is None  # no lock named: cluster runs, CPU-only machines
     lock = str(tmp_path / "device.lock")
+    assert device.claims_for_helpers()
     assert device.claim_device(lock) is not None
     assert device.claim_device(lock) is None  # held already: re-entrant within the job
+    assert not device.claims_for_helpers()  # a helper started now would wait for its own parent
     device._CLAIM["file"].close()
 
 

@@ -271,6 +271,12 @@ def claim_device(path: str | None = None) -> float | None:
     return waited
 
 
+def claims_for_helpers() -> bool:
+    """Whether a helper process this one starts should claim the device itself: not while this process holds it
+    (the helper would wait for its own parent)."""
+    return _CLAIM["file"] is None
+
+
 def _log_claim(waited: float) -> None:
     if logging.getLogger().handlers or not os.environ.get(JOB_LOG_VAR):
         logging.getLogger(__name__).info(CLAIM_MESSAGE, waited)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpulab.device import DeviceInfo, arm_device_claim, detect, probe
+from gpulab.device import DeviceInfo, arm_device_claim, claims_for_helpers, detect, probe
 from gpulab.env_capture import run_tool
 from gpulab.tables import Column, TableSchema
 from gpulab.timing import TimingSettings, measure
@@ -122,9 +122,9 @@ def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, manif
                 for i in ("cpp_ext", "native")]
     rows = []
     orders = (("tutorial", False), ("tutorial_reversed", True))
+    claim = device is None and claims_for_helpers()
     with ThreadPoolExecutor(max_workers=len(orders)) as pool:
-        readings = list(pool.map(lambda o: _tutorial_in_subprocess(manifest, o[1], size, timeout_s, device is None),
-                                 orders))
+        readings = list(pool.map(lambda o: _tutorial_in_subprocess(manifest, o[1], size, timeout_s, claim), orders))
     if device is None:
         detect()
     for (method, _), got in zip(orders, readings, strict=True):
