@@ -231,7 +231,8 @@ def probe() -> DeviceInfo:
 # others start Python, import PyTorch, transformers or pandas and run their compilers (5-25 s a job on the H100
 # host, none of it on the device). This lock keeps their device work one at a time: a job takes it when it first
 # detects the GPU and keeps it until it exits. The Snakefile names the file (DEVICE_LOCK_VAR); gpulab.step
-# arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs and a job's child processes never wait.
+# arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs never wait; a job's helper process claims
+# only when asked to (``--claim-device``, while its parent does not hold the device: claims_for_helpers).
 DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
 _CLAIM: dict[str, object] = {"armed": False, "file": None}
 # The line a claim leaves in the job's log; the report reads the waits back (device_wait_s). A job's helper process
