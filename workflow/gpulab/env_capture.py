@@ -253,9 +253,9 @@ def capture(
     (out / "raw").mkdir(parents=True, exist_ok=True)
     info = device or detect()
     lib_dir, libs = torch_libraries()
-    results, required = _run_tools(info, timeout_s, [(f"ldd:{lib.name}", ["ldd", str(lib)]) for lib in libs])
-    ldd_outputs = [(lib.name, results[f"ldd:{lib.name}"].stdout) for lib in libs
-                   if results[f"ldd:{lib.name}"].status == "ok"]
+    ldd = {lib.name: f"ldd:{lib.name}" for lib in libs}
+    results, required = _run_tools(info, timeout_s, [(ldd[lib.name], ["ldd", str(lib)]) for lib in libs])
+    ldd_outputs = [(name, results[tool].stdout) for name, tool in ldd.items() if results[tool].status == "ok"]
 
     env = build_env(target=target, device=info, compilers={n: _version_line(results[n]) for n in ("hipcc", "nvcc")})
     base = {"target": target, "fingerprint": env["fingerprint"]}

@@ -177,6 +177,7 @@ def run_standalone(
     """Build and run the program; write the table and both raw logs; return the rows. The compiler runs before
     the device is claimed (``probe``), the program after (``detect``)."""
     info = device or probe()
+    timing = timing.for_device(info)
     sizes = list(build_config.get("standalone_sizes", [1024]))
     flags = list(build_config.get("extra_cflags", ["-O3"]))
     base = {"target": target, "fingerprint": fingerprint}
@@ -209,8 +210,7 @@ def run_standalone(
 
     if device is None:
         detect()
-    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing.for_device(info))], timeout_s=timeout_s,
-                   env=env)
+    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing)], timeout_s=timeout_s, env=env)
     write_atomic(run_log, _raw(ran))
     rows += _run_rows(ran, plan, sizes, timing, {**base, **common, "phase": "run", "log_file": run_name})
     HIP_STANDALONE.write(rows, out_csv)
