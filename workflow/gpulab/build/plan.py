@@ -31,6 +31,10 @@ HEADERS = ("ops_common.h", "ops_kernels.cuh")
 DEFAULT_EXTRA_CFLAGS = ("-O3",)
 # The host unit registers its GPU entry points only in GPU builds (ops.cpp).
 GPU_HOST_DEFINE = "-DGPULAB_WITH_CUDA"
+# at::parallel_for is inline in PyTorch's headers (ATen/ParallelOpenMP.h: a `#pragma omp parallel`): without
+# OpenMP the CPU kernels run on one thread. Linked too, so the library needs libgomp.so.1, which resolves to the
+# copy PyTorch has already loaded.
+HOST_OPENMP = "-fopenmp"
 
 
 @dataclass(frozen=True)
@@ -185,8 +189,8 @@ def plan_build(
     spec = BuildSpec(
         backend=backend, archs=tuple(archs), source_dir=source_dir,
         sources=CPU_SOURCES + (GPU_SOURCES if gpu else ()), headers=HEADERS,
-        extra_cflags=flags + ((GPU_HOST_DEFINE,) if gpu else ()), extra_cuda_cflags=flags if gpu else (),
-        extra_ldflags=tuple(extra_ldflags),
+        extra_cflags=flags + (HOST_OPENMP,) + ((GPU_HOST_DEFINE,) if gpu else ()),
+        extra_cuda_cflags=flags if gpu else (), extra_ldflags=(HOST_OPENMP, *extra_ldflags),
         arch_env=tuple(sorted(arch_environment(backend, archs).items())),
         host_compiler=host_path, host_compiler_version=compiler_version(host_path),
         device_compiler=device_path, device_compiler_version=device_version, torch_version=torch.__version__,
