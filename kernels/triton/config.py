@@ -175,7 +175,8 @@ class SoftmaxConfig:
 # columns per program at 32 per thread was the fastest launch for fp32 (95.6% of a copy) and bf16 (84.7%),
 # ahead of 16384 at 16 per thread (93.1%, 75.2%). Holding a bf16 chunk across the wait as 32-bit words of two
 # elements (what the C++ split kernel does, 86-87% there) was tried as a Triton variant: ptxas still gave it 64-128
-# registers and it reached 78% at best, so it was dropped. The AMD families take the same values, not measured there.
+# registers and it reached 78% at best, so it was dropped; so was waiting for the row with plain reads of the arrival
+# count instead of atomics (62%). The AMD families take the same values, not measured there.
 SOFTMAX = {
     "nvidia": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
     "cdna": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
