@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from gpulab.logs import JOB_LOG_VAR, LOG_FORMAT
+
 Backend = Literal["rocm", "cuda", "cpu"]
 
 # Debian's hipcc 5.2.3 ships device libraries for these, so a GPU-less build machine targets the first.
@@ -238,8 +240,8 @@ _CLAIM: dict[str, object] = {"armed": False, "file": None}
 # The line a claim leaves in the job's log; the report reads the waits back (device_wait_s). A job's helper process
 # (a fresh interpreter it runs for one measurement) writes its line to the job's log too (JOB_LOG_VAR).
 CLAIM_MESSAGE = "device claimed after waiting %.2f s for the measurements of another job"
-_CLAIM_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*device claimed after waiting ([0-9.]+) s", re.M)
-JOB_LOG_VAR = "GPULAB_JOB_LOG"
+_CLAIM_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
+                         + re.escape(CLAIM_MESSAGE.split("%")[0]) + r"([0-9.]+) s", re.M)
 
 
 def device_lock_path(environ: Mapping[str, str] | None = None) -> str:
@@ -282,10 +284,11 @@ def _log_claim(waited: float) -> None:
     if logging.getLogger().handlers or not os.environ.get(JOB_LOG_VAR):
         logging.getLogger(__name__).info(CLAIM_MESSAGE, waited)
         return
-    now = time.time()
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
+    # A helper process: the job's log line, in the job's format, with the helper's pid.
+    record = logging.makeLogRecord({"name": f"{__name__} (pid {os.getpid()})", "levelname": "INFO",
+                                    "msg": CLAIM_MESSAGE, "args": (waited,)})
     with open(os.environ[JOB_LOG_VAR], "a", encoding="utf-8") as log:
-        log.write(f"{stamp} INFO {__name__} (pid {os.getpid()}): {CLAIM_MESSAGE % waited}\n")
+        log.write(logging.Formatter(LOG_FORMAT).format(record) + "\n")
 
 
 def device_wait_s(log_text: str) -> float:

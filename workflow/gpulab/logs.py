@@ -7,7 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from gpulab.device import JOB_LOG_VAR
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The job's log, for its helper processes (fresh interpreters whose output goes to the job, not to the log).
+JOB_LOG_VAR = "GPULAB_JOB_LOG"
 
 
 def to_log(path: str | os.PathLike[str]) -> None:
@@ -26,6 +28,6 @@ def to_log(path: str | os.PathLike[str]) -> None:
     logging.basicConfig(
         stream=log,
         level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
         force=True,
     )
