@@ -2,6 +2,9 @@ from snakemake.utils import min_version
 
 import sys
 
+# This checkout's gpulab, whatever else is installed: the workflow runs the code it ships.
+sys.path.insert(0, f"{workflow.basedir}/src")
+
 from gpulab.config import validate_config
 from gpulab.failures import failure_summary, log_offsets
 

@@ -239,7 +239,7 @@ def test_the_gelu_formula_is_written_once_in_python(repo):
                           text=True).stdout.splitlines()
     python = [h for h in hits if not h.startswith("kernels/")]
     # kernels/triton has its own (a kernel language), as has the extension's C++ header (tests/test_build.py).
-    assert [h.split(":")[0] for h in python] == ["workflow/gpulab/bench/ops.py"]
+    assert [h.split(":")[0] for h in python] == ["src/gpulab/bench/ops.py"]
 
 
 def test_the_gate_fails_an_implementation_that_mutates_its_inputs():

@@ -39,9 +39,9 @@ from gpulab.llm.roofline import Ceiling, bytes_per_token, kv_bytes_per_position,
 from gpulab.llm.sampling import next_token, top_k
 from gpulab.llm.study import MESSAGES, Sampling
 from gpulab.llm.tiny import SPECIAL_TOKENS, build_tiny
-from gpulab.paths import REPO_ROOT
 from gpulab.timing import Timing
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 NO_NETWORK = {"MODELSCOPE_ENDPOINT": "http://127.0.0.1:9", "MODELSCOPE_REPO_TREE_PAGE_MAX_ATTEMPTS": "1"}
 
@@ -121,7 +121,7 @@ def _resolve_offline(model: str, cache: Path) -> subprocess.CompletedProcess:
     # A fresh interpreter: modelscope reads its retry settings from the environment when imported.
     code = ("import sys; from gpulab.llm.models import resolve_model\n"
             f"resolve_model({model!r}, {{'cache_dir': {str(cache)!r}}})")
-    env = {**os.environ, **NO_NETWORK, "PYTHONPATH": str(REPO_ROOT / "workflow")}
+    env = {**os.environ, **NO_NETWORK, "PYTHONPATH": str(REPO_ROOT / "src")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 
 

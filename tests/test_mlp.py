@@ -198,7 +198,7 @@ def test_graph_variants_need_a_gpu():
 def test_config_schema_and_default_config_list_every_variant():
     import yaml
 
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    schema = yaml.safe_load((REPO / "src" / "gpulab" / "schemas" / "config.schema.yaml").read_text())
     variants = schema["properties"]["mlp"]["properties"]["variants"]
     assert variants["items"]["enum"] == list(VARIANTS)
     assert variants["default"] == list(VARIANTS)

@@ -20,39 +20,35 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_step_sources_are_the_import_closure_and_data_files():
     cell = step_sources("bench_cell.py", REPO)
-    assert {"workflow/scripts/bench_cell.py", "workflow/gpulab/bench/runner.py", "workflow/gpulab/bench/impls.py",
-            "workflow/gpulab/timing.py", "workflow/gpulab/bench/__init__.py"} <= set(cell)
-    assert not any(p.startswith(("workflow/gpulab/llm/", "workflow/gpulab/mlp/", "workflow/gpulab/report/"))
+    assert {"workflow/scripts/bench_cell.py", "src/gpulab/bench/runner.py", "src/gpulab/bench/impls.py",
+            "src/gpulab/timing.py", "src/gpulab/bench/__init__.py"} <= set(cell)
+    assert not any(p.startswith(("src/gpulab/llm/", "src/gpulab/mlp/", "src/gpulab/report/"))
                    for p in cell)
     # The op kernels are inputs per implementation (below), though the implementation registry imports them all.
     assert not {"kernels/triton/gelu.py", "kernels/triton/softmax.py", "kernels/triton/add.py"} & set(cell)
     # Kernels imported as gpulab.kernels are followed into kernels/, relative imports included.
     assert {"kernels/triton/ceiling.py", "kernels/triton/__init__.py", "kernels/__init__.py"} <= set(cell)
     compile_ = step_sources("kernels_compile.py", REPO)
-    assert {"kernels/triton/launches.py", "kernels/triton/config.py", "workflow/gpulab/kernel_compile/job.py"} <= set(
+    assert {"kernels/triton/launches.py", "kernels/triton/config.py", "src/gpulab/kernel_compile/job.py"} <= set(
         compile_)
     assert "kernels/ext/ops.cpp" in step_sources("build_extension.py", REPO)
-    assert "workflow/gpulab/llm/fast.py" in step_sources("llm_infer.py", REPO)
-    assert "workflow/gpulab/mlp/model.py" in step_sources("mlp_profile.py", REPO)
-    assert "workflow/gpulab/report/sections/methodology.py" in step_sources("report_render.py", REPO)
+    assert "src/gpulab/llm/fast.py" in step_sources("llm_infer.py", REPO)
+    assert "src/gpulab/mlp/model.py" in step_sources("mlp_profile.py", REPO)
+    assert "src/gpulab/report/sections/methodology.py" in step_sources("report_render.py", REPO)
     assert all((REPO / p).is_file() and not Path(p).is_absolute() for p in step_sources("llm_infer.py", REPO))
 
 
-def test_packaging_lists_every_package_where_the_sources_closure_reads_it():
-    tomllib = pytest.importorskip("tomllib")
-    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert setuptools["package-dir"] == {"": "workflow", **{k: v for k, v in PACKAGE_DIRS.items() if k != "gpulab"}}
-    on_disk = {".".join(p.parent.relative_to(REPO / "workflow").parts) for p in (REPO / "workflow/gpulab").rglob(
-        "__init__.py")} | {".".join(("gpulab", *p.parent.relative_to(REPO).parts)) for p in (REPO / "kernels").rglob(
-        "__init__.py")}
-    assert set(setuptools["packages"]) == on_disk
+def test_the_kernels_package_is_the_top_level_kernels_directory():
+    link = REPO / "src" / "gpulab" / "kernels"
+    assert link.is_symlink() and link.resolve() == (REPO / "kernels").resolve()
+    assert PACKAGE_DIRS == {"gpulab": "src/gpulab", "gpulab.kernels": "kernels"}
 
 
 def test_kernel_sources_per_implementation():
     assert kernel_sources("triton", "softmax", REPO) == [
         "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/softmax.py"]
-    assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op))
-    assert kernel_sources("native", "gelu") == []
+    assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op, REPO))
+    assert kernel_sources("native", "gelu", REPO) == []
 
 
 def test_a_cell_gets_its_ops_own_list_of_sizes():
@@ -96,7 +92,7 @@ def test_critical_path_follows_inputs_and_wall_time():
     outputs = {"env": ["results/{target}/env/env.json"], "cell": ["results/{target}/bench/cells/{op}.csv"],
                "agg": ["results/{target}/bench/{op}.csv"], "build": ["results/{target}/build/ext.csv"]}
     records = [
-        record("env", "env", 10, ["workflow/gpulab/env_capture.py"]),
+        record("env", "env", 10, ["src/gpulab/env_capture.py"]),
         record("build", "build", 30, ["results/t/env/env.json"]),
         record("cell_a", "cell", 5, ["results/t/env/env.json"], op="a"),
         record("cell_b", "cell", 50, ["results/t/env/env.json", "results/t/build/ext.csv"], op="b"),

@@ -38,8 +38,8 @@ SMALL = {
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    # The copy's own gpulab and kernels (see copy_checkout), not those of the repository's editable install.
-    env = {**os.environ, "PYTHONPATH": f"{workdir / '.test-site'}{os.pathsep}{workdir / 'workflow'}",
+    # No PYTHONPATH: the copy's Snakefile runs the copy's own gpulab, whatever is installed.
+    env = {**os.environ,
            # The C++ extension compiled once for the repository serves the copies too (its key covers sources).
            "GPULAB_CACHE_DIR": os.environ.get("GPULAB_CACHE_DIR", str(REPO / ".cache"))}
     return subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", *args], cwd=workdir, env=env,
@@ -51,32 +51,13 @@ def copy_checkout(dest: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
                            capture_output=True).stdout.decode().split("\0")
     for rel in filter(None, files):
-        if rel.startswith(("results/", "reports/")) or not (REPO / rel).is_file():
+        src = REPO / rel
+        if rel.startswith(("results/", "reports/")) or not (src.is_file() or src.is_symlink()):
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, dest / rel)
+        shutil.copy2(src, dest / rel, follow_symlinks=False)
     (dest / "small.yaml").write_text(yaml.safe_dump(SMALL))
-    # A copy has no install of its own: the repository's editable install would map gpulab.kernels to the
-    # repository's kernels/. This sitecustomize (on the copy's PYTHONPATH, so every job's interpreter loads it)
-    # maps it to the copy's, ahead of that install, as `pip install -e` of the copy would.
-    (dest / ".test-site").mkdir()
-    (dest / ".test-site" / "sitecustomize.py").write_text(SITECUSTOMIZE.format(root=str(dest)))
     return dest
-
-
-SITECUSTOMIZE = """
-import sys
-from importlib.machinery import PathFinder
-
-
-class CopyKernels:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        return PathFinder.find_spec(name, [{root!r}]) if name == "gpulab.kernels" else None
-
-
-sys.meta_path.insert(0, CopyKernels)
-"""
 
 
 def planned_jobs(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:

@@ -22,8 +22,6 @@ rule bench_ceilings:
         log_of("bench_ceilings"),
     benchmark:
         benchmark_of("bench_ceilings")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,
@@ -57,8 +55,6 @@ rule bench_cell:
         log_of("bench_cell_{op}__{impl}"),
     benchmark:
         benchmark_of("bench_cell_{op}__{impl}")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,
@@ -95,8 +91,6 @@ rule bench_aggregate:
         log_of("bench_aggregate_{op}"),
     benchmark:
         benchmark_of("bench_aggregate_{op}")
-    conda:
-        CONDA_ENV
     script:
         "../scripts/bench_aggregate.py"
 

@@ -20,8 +20,6 @@ rule hip_standalone:
         log_of("hip_standalone"),
     benchmark:
         benchmark_of("hip_standalone")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,
@@ -52,8 +50,6 @@ rule extension_build:
         log_of("extension_build"),
     benchmark:
         benchmark_of("extension_build")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,
@@ -76,8 +72,6 @@ rule timing_pitfalls:
         log_of("timing_pitfalls"),
     benchmark:
         benchmark_of("timing_pitfalls")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,

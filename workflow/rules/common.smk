@@ -9,7 +9,6 @@ from gpulab.jobenv import mark_serial_run, prepare
 from gpulab.sources import kernel_sources, step_sources
 
 prepare(workflow.basedir, sys.argv)
-CONDA_ENV = "../../env/conda.yaml"
 
 RESULTS = config["results_dir"]
 TARGETS = run_targets(config)
@@ -62,7 +61,9 @@ def sources(script):
 
 def kernels_of(wildcards):
     """Kernel source files of one benchmark cell's implementation (e.g. kernels/triton/<op>.py)."""
-    return _from_workdir(kernel_sources(wildcards.impl, wildcards.op))
+    return _from_workdir(
+        kernel_sources(wildcards.impl, wildcards.op, Path(workflow.basedir))
+    )
 
 
 # `resources: **gpu_resources` in each step whose jobs run on a target's device. Through

@@ -13,8 +13,6 @@ rule env_capture:
         log_of("env_capture"),
     benchmark:
         benchmark_of("env_capture")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,

@@ -20,8 +20,6 @@ rule kernels_compile:
         log_of("kernels_compile_{arch}"),
     benchmark:
         benchmark_of("kernels_compile_{arch}")
-    conda:
-        CONDA_ENV
     params:
         dtypes=config["bench"]["dtypes"],
         sizes=config["bench"]["sizes"],
@@ -44,8 +42,6 @@ rule kernels_aggregate:
         log_of("kernels_aggregate"),
     benchmark:
         benchmark_of("kernels_aggregate")
-    conda:
-        CONDA_ENV
     script:
         "../scripts/kernels_aggregate.py"
 

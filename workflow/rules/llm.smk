@@ -51,8 +51,6 @@ rule llm_tiny_build:
         log_of("llm_tiny_build"),
     benchmark:
         benchmark_of("llm_tiny_build")
-    conda:
-        CONDA_ENV
     params:
         seed=LLM["seed"],
     script:
@@ -73,8 +71,6 @@ rule llm_model_fetch:
         log_of("llm_model_fetch_{model}"),
     benchmark:
         benchmark_of("llm_model_fetch_{model}")
-    conda:
-        CONDA_ENV
     params:
         spec=lambda w: LLM_MODELS[w.model],
         llm=lambda w: download_settings(LLM_MODELS[w.model], LLM),
@@ -101,8 +97,6 @@ rule llm_infer:
         log_of("llm_infer_{model}"),
     benchmark:
         benchmark_of("llm_infer_{model}")
-    conda:
-        CONDA_ENV
     threads: lambda w: LLM_CPU_THREADS if w.model in LLM_ON_CPU else DEVICE_THREADS
     resources:
         **without_gpu_where(gpu_resources, lambda w: w.model in LLM_ON_CPU),

@@ -30,8 +30,6 @@ rule mlp_profile:
         log_of("mlp_profile"),
     benchmark:
         benchmark_of("mlp_profile")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,

@@ -12,8 +12,6 @@ rule report_render:
         f"{RESULTS}/report_render.log",
     benchmark:
         f"{RESULTS}/benchmarks/report_render.jsonl"
-    conda:
-        CONDA_ENV
     params:
         results_dir=lambda wildcards: RESULTS,
         config=config,

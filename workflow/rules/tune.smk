@@ -31,8 +31,6 @@ rule tune_triton_op:
         log_of("tune_triton_op_{op}"),
     benchmark:
         benchmark_of("tune_triton_op_{op}")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,
@@ -62,8 +60,6 @@ rule tune_triton_table:
         log_of("tune_triton_table"),
     benchmark:
         benchmark_of("tune_triton_table")
-    conda:
-        CONDA_ENV
     script:
         "../scripts/tune_triton_table.py"
 
@@ -84,8 +80,6 @@ rule tune_fast_run:
         log_of("tune_fast_run"),
     benchmark:
         benchmark_of("tune_fast_run")
-    conda:
-        CONDA_ENV
     threads: DEVICE_THREADS
     resources:
         **gpu_resources,

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.build.compile import MARKER_FILE, ExtensionLoad, load_library
-from gpulab.paths import REPO_ROOT
 from gpulab.tables import write_atomic
 
 MANIFEST_VERSION = 1
@@ -23,16 +22,16 @@ _KEYS = ("status", "reason", "target", "backend", "archs", "compiler", "host_com
 
 
 def _portable(path: str) -> str:
-    """Paths inside the checkout are written relative to it, so a moved checkout still resolves them."""
+    """Paths inside the run's working directory are written relative to it, so a moved checkout resolves them."""
     if not path:
         return ""
-    p = Path(path).resolve()
-    return str(p.relative_to(REPO_ROOT)) if p.is_relative_to(REPO_ROOT) else str(p)
+    p, cwd = Path(path).resolve(), Path.cwd().resolve()
+    return str(p.relative_to(cwd)) if p.is_relative_to(cwd) else str(p)
 
 
 def _resolve(path: str) -> Path:
     p = Path(path)
-    return p if p.is_absolute() else REPO_ROOT / p
+    return p if p.is_absolute() else Path.cwd() / p
 
 
 def write_manifest(outcome: ExtensionLoad, path: Path) -> dict[str, Any]:

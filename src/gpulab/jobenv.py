@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 def prepare(workflow_basedir: str | Path, argv: Sequence[str]) -> None:
-    # Jobs import gpulab from this checkout even where it is not installed (conda envs, cluster nodes).
-    package_root = str(Path(workflow_basedir) / "workflow")
+    # Jobs import gpulab from this checkout, whatever gpulab is installed (another clone's, a wheel, none).
+    package_root = str(Path(workflow_basedir) / "src")
     current = os.environ.get("PYTHONPATH", "")
     if package_root not in current.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, current) if p)

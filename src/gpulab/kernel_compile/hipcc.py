@@ -15,9 +15,9 @@ from typing import Any
 
 from gpulab.kernel_compile.archs import Arch
 from gpulab.kernel_compile.resources import amdgcn_kernels, demangle
-from gpulab.paths import REPO_ROOT
+from gpulab.paths import PACKAGE_DIR, kernel_relpath
 
-# The HIP translation units compiled for every AMD architecture (paths relative to the repository).
+# The HIP translation units compiled for every AMD architecture (paths relative to the package).
 # Add a file here and it is compiled and tabled; its directory's headers are part of its cache key.
 HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/ext/ops_kernels_hip.hip")
 HIPCC_FLAGS = ("-O3", "-std=c++17", "--cuda-device-only", "-S")
@@ -27,7 +27,7 @@ MAX_MESSAGE = 2000
 
 
 def hip_sources() -> list[Path]:
-    return [REPO_ROOT / s for s in HIP_SOURCES]
+    return [PACKAGE_DIR / s for s in HIP_SOURCES]
 
 
 def _with_headers(source: Path) -> list[Path]:
@@ -60,7 +60,7 @@ def _digest(source: Path, a: Arch, compiler: str) -> str:
 
 def compile_source(source: Path, a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
     """Rows for every kernel of one HIP source on one AMD arch; one skipped/failed row if it cannot."""
-    base = {"source": str(source.relative_to(REPO_ROOT)), "variant": " ".join(HIPCC_FLAGS)}
+    base = {"source": kernel_relpath(source), "variant": " ".join(HIPCC_FLAGS)}
     hipcc = shutil.which("hipcc")
     if hipcc is None:
         return [{**base, "status": "skipped", "reason": "hipcc is not installed"}]

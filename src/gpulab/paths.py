@@ -1,23 +1,30 @@
-"""Where the workflow's own files live, resolved from this package (installed editable from the repo)."""
+"""Where gpulab's own files are: package data found through the package, run files in the working directory.
+
+Nothing here is derived from where the package happens to be installed other than its own data (schema,
+templates, kernel sources), so an editable install, a wheel and a workflow checkout behave the same. The cache,
+the results and the report belong to the directory the workflow (or the CLI) runs in.
+"""
 
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_DIR.parent.parent
-WORKFLOW_DIR = REPO_ROOT / "workflow"
-SCHEMA_DIR = WORKFLOW_DIR / "schemas"
-CONFIG_SCHEMA = SCHEMA_DIR / "config.schema.yaml"
-KERNELS_DIR = REPO_ROOT / "kernels"
-DEFAULT_CONFIG = REPO_ROOT / "config.yaml"
+PACKAGE_DIR = Path(str(resources.files("gpulab")))
+CONFIG_SCHEMA = PACKAGE_DIR / "schemas" / "config.schema.yaml"
+KERNELS_DIR = PACKAGE_DIR / "kernels"
 CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
 
 
+def kernel_relpath(path: str | Path) -> str:
+    """A kernel file as ``kernels/<sub>/<file>``, the same whether the package is a checkout or installed."""
+    return str(Path("kernels") / Path(path).resolve().relative_to(KERNELS_DIR.resolve()))
+
+
 def default_cache_root() -> Path:
-    """The workflow's own cache, ``.cache/`` in the checkout (git-ignored), unless $GPULAB_CACHE_DIR says."""
-    return Path(os.environ.get(CACHE_ENV) or REPO_ROOT / ".cache")
+    """The run's own cache, ``.cache/`` in the working directory (git-ignored), unless $GPULAB_CACHE_DIR says."""
+    return Path(os.environ.get(CACHE_ENV) or Path.cwd() / ".cache")
 
 
 # Compiler caches every job shares (set by the step runner, gpulab.step): compiled Triton kernels, and

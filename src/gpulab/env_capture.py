@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, cpu_model_name, detect
-from gpulab.paths import REPO_ROOT
 from gpulab.tables import Column, TableSchema, write_atomic
 
 # Keys of env.json that identify the software/hardware; the rest (time, host) describe the capture. The
@@ -110,8 +109,9 @@ def package_versions(names: Sequence[str] = TRACKED_PACKAGES) -> dict[str, str |
     return out
 
 
-def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
-    """Commit of the workflow and whether its tree had uncommitted changes (results are not counted)."""
+def git_state(repo: Path | None = None) -> dict[str, Any]:
+    """Commit of the checkout the run is in (the working directory) and whether its tree had uncommitted changes."""
+    repo = repo or Path.cwd()
     head = run_tool("git", ["git", "-C", str(repo), "rev-parse", "HEAD"], timeout_s=30)
     if head.status != "ok":
         return {"commit": None, "dirty": None, "reason": head.reason}

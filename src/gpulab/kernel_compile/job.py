@@ -15,7 +15,7 @@ import pandas as pd
 from gpulab.kernel_compile import KERNEL_RESOURCES
 from gpulab.kernel_compile.archs import Arch, arch, occupancy
 from gpulab.parallel import run_all
-from gpulab.paths import REPO_ROOT
+from gpulab.paths import kernel_relpath
 
 
 def default_cache_dir() -> Path:
@@ -61,7 +61,7 @@ def _triton_row(launch: Any, a: Arch, cache_dir: Path, compiler: str) -> list[di
 
     return [{
         "compiler": compiler,
-        "source": str(Path(launch.kernel.fn.__code__.co_filename).resolve().relative_to(REPO_ROOT)),
+        "source": kernel_relpath(launch.kernel.fn.__code__.co_filename),
         "op": launch.op, "kernel": launch.kernel.__name__, "variant": launch.variant,
         "dtype": launch.dtype, "num_warps": launch.num_warps, **compile_cached(launch, a, cache_dir),
     }]

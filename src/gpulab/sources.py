@@ -3,7 +3,7 @@
 A step's library code is the closure of the ``gpulab`` modules its script imports (at any depth, including
 imports inside functions), found by reading the import statements, never by importing them: the Snakefile
 stays quick to parse. The Triton kernels are the package ``gpulab.kernels``, read from the top-level
-``kernels/`` directory as pyproject.toml maps it; a benchmark cell depends on its own implementation's kernel
+``kernels/`` directory (``src/gpulab/kernels`` links to it); a benchmark cell depends on its own implementation's kernel
 module only (:data:`KERNEL_MODULES`). Data files a step reads are listed per
 script in :data:`DATA_SOURCES`. Paths are relative to the repository root; the workflow makes them relative to
 its working directory, so a moved checkout reruns nothing.
@@ -15,12 +15,10 @@ import re
 from functools import cache
 from pathlib import Path
 
-from gpulab.paths import REPO_ROOT
-
 PACKAGE = "gpulab"
-# Where each package's modules live, relative to the repository root: pyproject.toml's package-dir (the test of
-# the packaging checks the two agree). The longest matching name wins, so gpulab.kernels is read from kernels/.
-PACKAGE_DIRS = {"gpulab": "workflow/gpulab", "gpulab.kernels": "kernels"}
+# Where each package's modules live, relative to the checkout: src/gpulab/kernels links to the top-level kernels/,
+# and a step's kernel files are named by their real place. The longest matching name wins.
+PACKAGE_DIRS = {"gpulab": "src/gpulab", "gpulab.kernels": "kernels"}
 KERNELS_PACKAGE = "gpulab.kernels"
 
 # Per benchmark implementation: the kernel module of an op's cell, whose import closure is the cell's kernel
@@ -29,7 +27,7 @@ KERNEL_MODULES = {"triton": "gpulab.kernels.triton.{op}"}
 # The implementation registry imports each op's kernel inside the function that runs it; the closure does not
 # follow those imports, since a cell's kernel files are inputs per job (KERNEL_MODULES): editing one op's kernel
 # reruns that op's cells only, not every step that imports the registry for its availability checks.
-PER_JOB_KERNEL_IMPORTS = ("workflow/gpulab/bench/impls.py",)
+PER_JOB_KERNEL_IMPORTS = ("src/gpulab/bench/impls.py",)
 
 HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/hip/hip_compat.h")
 EXTENSION_SOURCES = (
@@ -42,13 +40,13 @@ DATA_SOURCES = {
     "build_extension.py": EXTENSION_SOURCES,
     # Every Triton kernel; the HIP sources and their headers come from gpulab.kernel_compile.hipcc (kernels.smk).
     "kernels_compile.py": ("kernels/triton/*.py",),
-    "llm_tiny_build.py": ("workflow/gpulab/llm/data/tiny_corpus.txt",
-                          "workflow/gpulab/llm/configs/qwen2.5_chat_template.jinja"),
-    "llm_infer.py": ("workflow/gpulab/llm/configs/**/*",),
-    "llm_model_fetch.py": ("workflow/gpulab/llm/configs/**/*",),
-    "tune_fast_run.py": ("workflow/gpulab/llm/configs/**/*",),
+    "llm_tiny_build.py": ("src/gpulab/llm/data/tiny_corpus.txt",
+                          "src/gpulab/llm/configs/qwen2.5_chat_template.jinja"),
+    "llm_infer.py": ("src/gpulab/llm/configs/**/*",),
+    "llm_model_fetch.py": ("src/gpulab/llm/configs/**/*",),
+    "tune_fast_run.py": ("src/gpulab/llm/configs/**/*",),
     # Sections are discovered at run time, not imported by name; the templates are read by jinja.
-    "report_render.py": ("workflow/gpulab/report/**/*.py", "workflow/gpulab/report/templates/*"),
+    "report_render.py": ("src/gpulab/report/**/*.py", "src/gpulab/report/templates/*"),
 }
 
 
@@ -108,12 +106,12 @@ def _closure(start: tuple[tuple[Path, str], ...], repo: Path) -> tuple[Path, ...
     return tuple(sorted(found))
 
 
-def library_files(script: Path, repo: Path = REPO_ROOT) -> tuple[Path, ...]:
+def library_files(script: Path, repo: Path) -> tuple[Path, ...]:
     """The script and every gpulab module (with its packages' ``__init__``, kernels included) it can import."""
     return _closure(((script, ""),), repo)
 
 
-def step_sources(script: str, repo: Path = REPO_ROOT) -> list[str]:
+def step_sources(script: str, repo: Path) -> list[str]:
     """Repository-relative source files of the step run by ``workflow/scripts/<script>``."""
     files = set(library_files(repo / "workflow" / "scripts" / script, repo))
     for pattern in DATA_SOURCES.get(script, ()):
@@ -121,7 +119,7 @@ def step_sources(script: str, repo: Path = REPO_ROOT) -> list[str]:
     return sorted(str(p.relative_to(repo)) for p in files)
 
 
-def kernel_sources(impl: str, op: str, repo: Path = REPO_ROOT) -> list[str]:
+def kernel_sources(impl: str, op: str, repo: Path) -> list[str]:
     """Repository-relative kernel files of one benchmark implementation of one op: what importing its kernel
     module runs under kernels/ (the module, its packages' ``__init__`` and their imports)."""
     if impl not in KERNEL_MODULES:

@@ -1,4 +1,4 @@
-"""Load and validate the workflow configuration against ``workflow/schemas/config.schema.yaml``.
+"""Load and validate the workflow configuration against ``gpulab/schemas/config.schema.yaml`` (package data).
 
 The schema is the single source of truth for keys, types, allowed values and defaults; this module
 only turns jsonschema's findings into messages that name the offending key and what it may be.

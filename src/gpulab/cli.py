@@ -18,20 +18,17 @@ from typing import Any
 from rich.console import Console
 
 from gpulab.config import ConfigError, load_config, validate_config
-from gpulab.paths import DEFAULT_CONFIG
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _config(path: str | None) -> dict[str, Any]:
-    """The given config file, else the repository's config.yaml, else the schema's defaults."""
+    """The given config file, else ./config.yaml (a workflow checkout's), else the schema's defaults."""
     if path is not None:
         return load_config(path)
     local = Path("config.yaml")
     if local.is_file():
         return load_config(local)
-    if DEFAULT_CONFIG.is_file():
-        return load_config(DEFAULT_CONFIG)
     return validate_config({})
 
 
