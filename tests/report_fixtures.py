@@ -150,7 +150,7 @@ atexit.register(shutil.rmtree, _SHARED, ignore_errors=True)
 
 @functools.cache
 def two_target_report() -> RenderedReport:
-    """The fixture results rendered once per test session (rendering draws ~20 figures): read-only."""
+    """The fixture results rendered once per test run (rendering draws ~20 figures): read-only."""
     root = _SHARED / "two-targets"
     results = make_results(root)
     return render_report(results, root / "report.html", CONFIG, "pytest (two-target fixture)")

@@ -207,12 +207,7 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
         (root / "local" / "env" / "env.json").write_text(json.dumps({"fingerprint": "aa", "device": {"name": "cpu"}}))
 
 
-# On the shared 2-core machine, idle: measured case by case, A/A pairs flagged 5-12 of 24 cells (whole
-# measurements shift 30-60% against the next); with a cell's cases timed in turn over 3 s, 3 and 8 of 24;
-# over 10 s, 1, 0-1, 0-1 and 2 of 24 in four runs, then 9 of 24 (+-18-27%) in a fifth, and 5 and 5 in both
-# attempts of one CI run, whole cells 20-44% apart: states of the machine that outlast a cell. Judged with
-# the reference timed beside each case (gpulab.report.compare), over 5 s (the CPU default): 0, 0, 0, 0, 3, 1,
-# then at the reference's quarter budget 0, 0, 0, 1 (the same pairs on the times alone: 7, 8, 6, 5).
+# A shared machine's states can outlast a cell, so a failing pair is taken once more (the A/A runs: docs/decisions.md).
 A_A_ATTEMPTS = 2
 
 
@@ -245,8 +240,7 @@ def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
                 + "\n".join(f.to_string() for f in seen))
 
 
-# With blocks spread over 10 s, the intervals hold the 30-60% state shifts of the shared CI machine: 1.3x the
-# data (+27-30%) was flagged in 6-7 of 8 cells on the idle machine, twice the data in all.
+# Twice the work per call: a slowdown far beyond the state shifts a shared machine's intervals hold.
 def test_a_kernel_made_twice_as_slow_is_flagged(tmp_path):
     """The power side of the A/A test: the same cases, each running its op twice per call, are slower. The
     reference timed beside each case does not move with the code, so the relative times keep the slowdown whole;

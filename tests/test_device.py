@@ -123,7 +123,7 @@ def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path
     assert device.claims_for_helpers()
     assert device.claim_device(lock) is not None
     assert device.claim_device(lock) is None  # held already: re-entrant within the job
-    assert not device.claims_for_helpers()  # a helper started now would wait for its own parent
+    assert not device.claims_for_helpers()  # a child started now would wait for its own parent
     device._CLAIM["file"].close()
 
 
@@ -133,7 +133,7 @@ def test_the_device_wait_is_read_back_from_a_log_line():
     line = "2026-11-25 01:00:00,000 INFO gpulab.device: " + CLAIM_MESSAGE % 12.345
     assert device_wait_s("started\n" + line + "\nmore\n") == pytest.approx(12.35)
     assert device_wait_s("a job that never claimed the device\n") == 0.0
-    # two helper processes that waited at once (10 s and 14 s, ending 4 s apart) waited 14 s of the job's time,
+    # two child processes that waited at once (10 s and 14 s, ending 4 s apart) waited 14 s of the job's time,
     # and the job's own claim after them another 1 s
     lines = ["2026-11-25 01:00:10,000 INFO gpulab.device (pid 7): " + CLAIM_MESSAGE % 10,
              "2026-11-25 01:00:14,000 INFO gpulab.device (pid 8): " + CLAIM_MESSAGE % 14,

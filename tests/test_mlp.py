@@ -371,7 +371,7 @@ def test_a_variant_that_breaks_is_recorded_not_raised(tmp_path):
     import torch._inductor.config as inductor_config
 
     # Inductor's own patch, not monkeypatch: monkeypatch's undo deletes a config entry (fx_graph_cache then "does
-    # not exist" for every later compile of the session).
+    # not exist" for every later compile of the test run).
     config = {**TINY, "dim": 40, "variants": ["compiled", "fp32"]}
     with inductor_config.patch({"cpp.cxx": (str(tmp_path / "no-such-cxx"),), "fx_graph_cache": False}):
         summary = profile_mlp(config, TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False),

@@ -52,11 +52,11 @@ def test_unknown_key_fails(tmp_path):
 
 
 def readme_config_args() -> list[list[str]]:
-    """Every `--config ...` of a command in README.md, as the shell would split it (read at test time, so
-    commands added to the README are covered too)."""
+    """Every `--config ...` of a command in README.md and the documentation, as the shell would split it (read at
+    test time, so commands added to them are covered too)."""
     import shlex
 
-    text = (REPO / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
     fenced = [line for block in re.findall(r"^```\w*\n(.*?)^```", text, re.M | re.S) for line in block.splitlines()]
     inline = re.findall(r"`([^`\n]+)`", re.sub(r"^```\w*\n.*?^```", "", text, flags=re.M | re.S))
     found = []
@@ -67,7 +67,7 @@ def readme_config_args() -> list[list[str]]:
 
 
 def test_readme_has_config_commands():
-    # The README shows booleans, nested numbers and per-op sizes; if it stops, this test names the loss.
+    # The docs show booleans, nested numbers and per-op sizes; if they stop, this test names the loss.
     joined = " ".join(" ".join(a) for a in readme_config_args())
     for expected in ("strict=true", "mlp=", "bench="):
         assert expected in joined

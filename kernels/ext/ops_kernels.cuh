@@ -548,11 +548,8 @@ __device__ __forceinline__ void reload(T&) {}
 // the order blocks start (as CUB's decoupled look-back does) and works on chunk ticket % split of row
 // ticket / split: it only ever waits for blocks of its row that are running or not yet started, and with
 // split <= SMs a slot is always free for those.
-// Small blocks, several per SM, so some load while others wait for their row: 256 threads x 128 bytes, the
-// Triton split kernel's fastest launch for fp32 on an H100. 1024-thread blocks of 16 floats reached 60% (fp32)
-// and 39% (bf16) of a copy at 2048x131072 on an H100, 83% and 57% at two blocks per SM; 256 threads holding 32
-// floats each, also for bf16, 86% and 64%; 32 KiB as loaded, 86% and 84%; with acquire/release atomics instead
-// of __threadfence, 93% and 87%.
+// Small blocks, several per SM, so some load while others wait for their row: 256 threads x 128 bytes (the launch
+// sweep is in docs/decisions.md, "Softmax launches").
 // On NVIDIA five blocks an SM (at most 48 registers, the Triton kernel's count; sm_90 spills 16 bytes of fp32):
 // without the bound nvcc takes 56 for fp32 and four blocks fit. HIP reads the bound's second number differently
 // (waves per SIMD) and is left to choose. The scalar kernel (unaligned or odd rows) would spill hundreds of bytes

@@ -169,14 +169,7 @@ class SoftmaxConfig:
         return 8192 if itemsize >= 4 else 4096
 
 
-# Measured on an H100 (sweep of rows per program x warps at 16384x1024, 65536x256, 4096x16384): about 2048 elements
-# per program at 16 per thread for short rows, one row per program with 1024 threads (16384 columns) for wide ones.
-# Wider rows (the split kernel, `snakemake tune_triton` at 2048x131072): 8192 columns per program at 32 per thread was
-# the fastest launch for fp32 (95.6% of a copy) and bf16 (84.7%; with the split kernel's streaming store since, 97.1%
-# and 88.1%), ahead of 16384 at 16 per thread (93.1%, 75.2%). Holding a bf16 chunk across the wait as 32-bit words of
-# two elements (what the C++ split kernel does, 86-87% there) was tried as a Triton variant: ptxas still gave it
-# 64-128 registers and it reached 78% at best, so it was dropped; so was waiting for the row with plain reads of the
-# arrival count instead of atomics (62%). The AMD families take the same values, not measured there.
+# The fastest launches of the H100 sweeps (docs/decisions.md, "Softmax launches"); the AMD families take the same.
 SOFTMAX = {
     "nvidia": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),
     "cdna": SoftmaxConfig(program_elems=2048, max_fused_cols=16384, elems_per_thread=16, max_threads=1024),

@@ -4,6 +4,7 @@
     gpulab compare BASELINE NEW [-o reports/compare.html] [--min-effect 3] [--fail-on regression]
                                                              the same report with a verdict per cell
     gpulab check-report REPORT [--screenshot PNG] [--pdf PDF] open it in headless Chromium and check it
+    gpulab example-report [-o DIR]                           the recorded H100 and CPU runs, rendered
 """
 
 from __future__ import annotations
@@ -101,6 +102,17 @@ def _summarise(rendered: Any) -> None:
         console.print(f"[red]section {error['id']} could not be rendered:[/] {error['message']}")
 
 
+def _example(args: argparse.Namespace, command: str) -> int:
+    from gpulab.report.example import render_example
+
+    try:
+        rendered = render_example(Path(args.fixtures), Path(args.output), _config(args.config), command)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"gpulab example-report: {exc}") from None
+    _summarise(rendered)
+    return 0
+
+
 def _check(args: argparse.Namespace, _command: str) -> int:
     from gpulab.report.browser import BrowserUnavailable, check_page
 
@@ -156,6 +168,14 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--pdf", help="write the printed PDF here")
     check.add_argument("--expect", action="append", metavar="HEADING", help="a section heading that must be present")
     check.set_defaults(run=_check)
+
+    example = sub.add_parser("example-report", help="render the report of the recorded H100 and CPU runs "
+                                                    "(tests/fixtures of a checkout): no GPU, no workflow run")
+    example.add_argument("-o", "--output", default="reports/example",
+                         help="directory for results/ and report.html (default: %(default)s)")
+    example.add_argument("--fixtures", default="tests/fixtures", help="recorded runs (default: %(default)s)")
+    example.add_argument("--config", help="config file (default: ./config.yaml)")
+    example.set_defaults(run=_example)
     return top
 
 

@@ -177,10 +177,9 @@ def hide_gpus(reason: str, environ: MutableMapping[str, str] | None = None) -> N
 
 def teardown_profiler_after_use(environ: MutableMapping[str, str] | None = None) -> None:
     """Have Kineto tear CUPTI down when a profile stops (``TEARDOWN_CUPTI=1``, unless set): left subscribed,
-    CUPTI slows every later kernel launch of the process, and steps time more work after they profile (on the
-    H100 an eager 512-token prefill timed after other engines' profiles took 44 ms; with the teardown 18 ms on two
-    other leases). Not on CUDA before 12.6, where re-initialising it after a teardown crashed with CUDA graphs
-    (PyTorch turns it off there itself); ROCm's tracer is not CUPTI."""
+    CUPTI slows every later kernel launch of the process, so steps timed after a profile would time more work.
+    Not on CUDA before 12.6, where re-initialising it after a teardown crashes with CUDA graphs (PyTorch turns it
+    off there itself); ROCm's tracer is not CUPTI."""
     import torch
 
     environ = os.environ if environ is None else environ
@@ -233,11 +232,11 @@ def probe() -> DeviceInfo:
 # others start Python, import PyTorch, transformers or pandas and run their compilers (5-25 s a job on the H100
 # host, none of it on the device). This lock keeps their device work one at a time: a job takes it when it first
 # detects the GPU and keeps it until it exits. The Snakefile names the file (DEVICE_LOCK_VAR); gpulab.step
-# arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs never wait; a job's helper process claims
+# arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs never wait; a job's child process claims
 # only when asked to (``--claim-device``, while its parent does not hold the device: claims_for_helpers).
 DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
 _CLAIM: dict[str, object] = {"armed": False, "file": None}
-# The line a claim leaves in the job's log; the report reads the waits back (device_wait_s). A job's helper process
+# The line a claim leaves in the job's log; the report reads the waits back (device_wait_s). A job's child process
 # (a fresh interpreter it runs for one measurement) writes its line to the job's log too (JOB_LOG_VAR).
 CLAIM_MESSAGE = "device claimed after waiting %.2f s for the measurements of another job"
 _CLAIM_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
@@ -275,8 +274,8 @@ def claim_device(path: str | None = None) -> float | None:
 
 
 def claims_for_helpers() -> bool:
-    """Whether a helper process this one starts should claim the device itself: not while this process holds it
-    (the helper would wait for its own parent)."""
+    """Whether a child process this one starts should claim the device itself: not while this process holds it
+    (the child would wait for its own parent)."""
     return _CLAIM["file"] is None
 
 
@@ -284,7 +283,7 @@ def _log_claim(waited: float) -> None:
     if logging.getLogger().handlers or not os.environ.get(JOB_LOG_VAR):
         logging.getLogger(__name__).info(CLAIM_MESSAGE, waited)
         return
-    # A helper process: the job's log line, in the job's format, with the helper's pid.
+    # A child process of the job: the job's log line, in the job's format, with the child's pid.
     record = logging.makeLogRecord({"name": f"{__name__} (pid {os.getpid()})", "levelname": "INFO",
                                     "msg": CLAIM_MESSAGE, "args": (waited,)})
     with open(os.environ[JOB_LOG_VAR], "a", encoding="utf-8") as log:
@@ -292,7 +291,7 @@ def _log_claim(waited: float) -> None:
 
 
 def device_wait_s(log_text: str) -> float:
-    """Seconds a job waited for the device, from its log's claim lines: the union of the waits, as a job's helper
+    """Seconds a job waited for the device, from its log's claim lines: the union of the waits, as a job's child
     processes may wait at once (0 where it never waited: no lock, or no GPU)."""
     spans = []
     for stamp, waited in _CLAIM_LINE.findall(log_text):

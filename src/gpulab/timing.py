@@ -38,28 +38,16 @@ CPU_FLUSH_BYTES = 64 * 2**20
 MAX_MEAN_OVER_MEDIAN = 1.10
 MAX_CV = 0.10
 MIN_STABLE_REPS = 5
-# Wall-time cap of one measurement (``max_wall_s: auto``). On a CPU each repetition is preceded by a flush
-# (a 64 MiB read: ~2 ms on the idle 2-core CI machine, ~9 ms while the workflow's other work runs), which this
-# cap, not the op, sets the cost of for small ops: 0.5 s still gives 50-250 repetitions in 8 blocks, and the
-# run-vs-run interval is set by the spread between blocks, not by their length. At 1 s the cap was ~100 s of
-# the default CPU run (a plain cell is 9 cases, the ceilings job ~40 methods x sizes).
+# Wall-time cap of one measurement (``max_wall_s: auto``): on a CPU the flush before each repetition, not a small op,
+# sets the cost, and the run-vs-run interval comes from the spread between blocks, not their length.
 GPU_MAX_WALL_S = 3.0
 CPU_MAX_WALL_S = 0.5
-# Measured time a measurement collects (``min_time_s: auto``). On a GPU a block's repetitions agree to about 1%:
-# in the H100 full run (613 benchmark and ceiling rows, 0.25 s each), the median of the repetitions within the
-# first 0.1 s of each block differed from the whole median by 0.06% at the 99th percentile (0.46% at most),
-# and 0.1 s would have taken an estimated 47 s less of its timed loops. A shared CPU drifts for seconds: 0.25 s.
+# Measured time a measurement collects (``min_time_s: auto``): a GPU's repetitions agree closely, a shared CPU
+# drifts for seconds (evidence: docs/decisions.md).
 GPU_MIN_TIME_S = 0.1
 CPU_MIN_TIME_S = 0.25
-# Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): on the shared
-# 2-core CI machine a case's speed shifts by 30-60% in states that last seconds, so a quicker cell sees one
-# state in one run and another in the next. Judged on the times alone, A/A pairs of CPU runs
-# (tests/test_compare.py) flagged 3 and 8 of 24 cells with 3 s; 7, 8, 6, 4, 2, 7, 1, 1, 5, 1 with 5 s; 4, 1, 5
-# and (on CI) 5, 5 with 10 s: states outlast even 10 s. With the reference timed beside each case (below)
-# and a change flagged only where the time relative to it changed too, 5 s flagged 0, 0, 0, 0, 3, 1 of 24
-# with the reference at the case's budget, then 0, 0, 0, 1 at its quarter budget (the same four pairs judged on
-# the times alone: 7, 8, 6, 5), and 10 s 1, within one hour on one machine: the reference, not a longer span,
-# takes out the machine's state, so the span is 5 s (it was 10 s; the references took back what that saved).
+# Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): a shared CPU's speed
+# shifts for seconds, and the span spreads each case over those states (A/A calibration: docs/decisions.md).
 CPU_MIN_SPAN_S = 5.0
 GPU_MIN_SPAN_S = 1.0
 # Whether a bench cell times its pattern's reference method beside each case, a block of each in turn
@@ -276,9 +264,8 @@ class Measurement:
         self.first_call_ms = _warm_up(self.fns, self.settings, info)
         self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
                                  interleaved)
-        # A pilot block sizes the blocks; it is not kept: on CPU the first repetitions after the layout
-        # first moves were 1.5-15x slower than the rest (first touch of the newly placed outputs). A fixed
-        # count (min_reps = max_reps: the LLM figures, whose repetitions last seconds) has nothing to size.
+        # A pilot block sizes the blocks and is not kept: the first repetitions after the layout moves pay
+        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size.
         self.pilot: list[float] = []
         if self.settings.min_reps >= self.settings.max_reps:
             self.plan = _split(self.settings.max_reps, self.settings.blocks)
@@ -382,17 +369,14 @@ class _BlockTimer:
         # the previous block's scheduling.
         time.sleep(0)
         if self.interleaved:
-            # One untimed call first: on the H100 the first call of a block interleaved after other cases
-            # was 2-10x slower for Triton and torch.compile closures (their launch path gone cold; 80 ms
-            # once for a compiled one), a host stall the device events would have counted.
+            # One untimed call first: after other cases the closure's launch path is cold, a host stall the
+            # device events would count.
             self.fns[self.count % len(self.fns)]()
         if not self.info.gpu_available:
             times = self._host_clock(reps)
         elif self.interleaved:
-            # Even after that call, the first timed repetition of a block was still a host stall (its
-            # launch later than the device finished the flush before it) in over a tenth of the H100's
-            # torch.compile blocks (up to 44x the median); the second one rarely. Device events count such
-            # idle time as the kernel's, so that repetition is run but not kept.
+            # The first timed repetition of an interleaved block can still start late (device events would
+            # count the idle time as the kernel's), so it is run but not kept.
             times = self._device_events(reps + 1)[1:]
         else:
             times = self._device_events(reps)

@@ -1,4 +1,4 @@
-# Opt-in tuning sweeps (README, "Tuning sweeps (opt-in)"): run by name, `snakemake --cores 1 tune_triton` or
+# Opt-in tuning sweeps (docs/guide/configuration.md): run by name, `snakemake --cores 1 tune_triton` or
 # `tune_fast`. Nothing registers their outputs, so neither `all` nor the report waits for them.
 
 

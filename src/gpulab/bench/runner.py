@@ -74,8 +74,7 @@ log = logging.getLogger(__name__)
 GPU_INTERLEAVE_FRACTION = 0.125
 CPU_INTERLEAVE_BYTES = 2 * 2**30
 # The reference timed beside a case (timing.reference) serves by the median of each of its blocks, not by its
-# distribution, so it gets a quarter of the case's time budget (at full budget it took a CPU cell from ~9 s of
-# work to ~17 s), and enough repetitions that each block has a median.
+# distribution, so it gets a quarter of the case's time, and enough repetitions that each block has a median.
 REFERENCE_SHARE = 0.25
 REFERENCE_REPS_PER_BLOCK = 3
 

@@ -176,9 +176,8 @@ class FastDecoder(Decoder):
         self.host_pos = 0
         self.step_fn = torch.compile(decode_one_token, fullgraph=True, dynamic=False, **settings.compile_kwargs()) \
             if settings.compile else decode_one_token
-        # The prefill's layer, compiled once for every layer and prompt length (eager, PyTorch's ~30 kernels a
-        # layer left a 512-token prefill a third host-bound on the H100; compiling all 28 layers as one graph
-        # took ~100 s more than one layer). The output head runs eagerly on what is kept.
+        # The prefill's layer, compiled once for every layer and prompt length: eager layers leave a long prefill
+        # host-bound, one graph of all layers compiles far longer. The output head runs eagerly on what is kept.
         self.prefill_layer = torch.compile(qwen2.layer, fullgraph=True, dynamic=True) if settings.compile \
             else qwen2.layer
         self.compile_note = "compiled prefill" if settings.compile else "eager prefill"

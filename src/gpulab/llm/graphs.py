@@ -128,7 +128,7 @@ class Graphs:
 class LengthGraphs:
     """One device graph per input length of ``fn(ids)`` (ids ``(1, T)``; its output is consumed before the next
     call): engine ``fast``'s prefill. Its 28 compiled layer calls cost the H100's host 2.5 to 15 ms a 512-token
-    prompt, depending on the lease (Dynamo's guards, the dynamic-shape wrapper), beside 12 ms of kernels;
+    prompt, varying from host to host (Dynamo's guards, the dynamic-shape wrapper), beside 12 ms of kernels;
     replayed, a prompt of a length met before costs its kernels only. A new length runs ``WARM_STEPS`` times on
     a side stream, then is captured (so it is slower once, as a first call is anyway); a failing capture turns
     the graphs off for good, the reason in :attr:`mode`.

@@ -310,7 +310,7 @@ def _dtype_kwarg() -> str:
 
 
 def import_transformers() -> None:
-    """Import transformers' model classes: 11 s of every LLM job on the lent H100 host (``python -X importtime``:
+    """Import transformers' model classes: seconds of every LLM job on an H100 host (``python -X importtime``:
     ``transformers.models.auto.auto_factory``), none of it on the device, so a job does it before it claims the
     device (gpulab.device) and another job's measurements run meanwhile."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: F401

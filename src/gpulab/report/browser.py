@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-# The flags the project's CI and the issue prescribe for a quiet, sandbox-less, offline browser.
+# The flags the project's CI prescribes for a quiet, sandbox-less, offline browser.
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run")
 VIEWPORT = (1280, 900)
 MAX_SCREENSHOT_HEIGHT = 40000  # px; longer pages are cut (and said so) to keep the PNG a sane size
@@ -168,7 +168,7 @@ class PageCheck:
 
 
 class _DevTools:
-    """Minimal DevTools-protocol session over one websocket: calls by id, events buffered in order."""
+    """Minimal DevTools-protocol connection over one websocket: calls by id, events buffered in order."""
 
     def __init__(self, ws_url: str, timeout_s: float) -> None:
         import websocket  # websocket-client, a dev dependency: only the browser check needs it
@@ -232,7 +232,7 @@ def _launch(chromium: str, profile: Path, timeout_s: float) -> tuple[subprocess.
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the browser we started and its helper processes (its own session), nothing else."""
+    """End the browser we started and its child processes (its own process group), nothing else."""
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

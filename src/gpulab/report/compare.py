@@ -15,8 +15,7 @@ blocks, so the spread between blocks is a sample of the spread between runs, and
 carries it into the interval. Rows recorded before blocks existed are cut into consecutive chunks of
 their timed sequence (a block bootstrap of a time series), which carries at least the drift within them.
 
-A state of a shared machine can outlast a whole cell: on the 2-core CI machine every case of one cell ran
-20-44% faster in one run of an A/A pair than in the other. Where both runs timed the pattern's reference
+A state of a shared machine can outlast a whole cell. Where both runs timed the pattern's reference
 method beside each case (bench rows' ``reference_times_ms``, a block of it after each of the case's), a
 change is flagged only where the times relative to the reference changed the same way too: each block of
 the case divided by the median of its reference block, judged by the same rule. A change of the machine

@@ -2,7 +2,7 @@
 size (latency-bound sizes, where even the ceiling is far from bandwidth, get no percentage), speed-ups over
 ``native``, the correctness gate's findings, timing stability and GPU throttling, rows above their
 ceiling (in red: the ceiling is then not trustworthy), the study's GeLU figures beside ours, and the
-performance goals of the benchmark issue checked against the rows."""
+performance goals set for an H100 checked against the rows."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ STUDY_GELU = (
     ("triton", "Triton kernel", 1.8),
     ("torch_compile", "torch.compile(manual_gelu)", 1.47),
 )
-# Goals of the benchmark issue (set for an H100): share of the pattern's measured ceiling at tensors of
+# Performance goals (set for an H100): share of the pattern's measured ceiling at tensors of
 # 256 MiB and more (GeLU, add) or at the named softmax shapes, and at most 3% slower than the best of
 # native and torch_compile in the same cell.
 GOAL_IMPLS = ("triton", "cpp_ext")
@@ -218,7 +218,7 @@ def study_gelu(gelu: pd.DataFrame, targets: list[str]) -> pd.DataFrame:
 
 
 def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
-    """Each goal cell of the issue on each GPU target: % of the pattern's ceiling, ratio to the best of
+    """Each goal cell on each GPU target: % of the pattern's ceiling, ratio to the best of
     native and torch_compile, and whether both goals are met."""
     ok = _ok(df)
     if ok.empty:

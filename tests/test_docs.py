@@ -1,0 +1,133 @@
+"""The documentation: the README stays a front door, the generated references cover their sources, and the
+project's files speak of gpulab and its users' world only (no words of the environment it was developed in)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from gpulab.cli import parser
+from gpulab.config import load_schema
+from gpulab.reference import cli_reference, config_reference, schema_keys
+
+ROOT = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 150
+
+# Words of a development environment, not of gpulab's users: machines lent for a while, work sessions, device-time
+# budgets, the output folder of a remote command, tracker issues, processes described as someone's helpers.
+FORBIDDEN = {
+    "lease": r"\bleas(?:e|es|ed|ing)\b",
+    "lent": r"\blent\b",
+    "session": r"\bsessions?\b",
+    # A budget of registers, memory or a case's time is the product's own word; one of device time is not.
+    "budget": r"\b(?:device|GPU|device-time|session's|our) budgets?\b|\bbudget(?:_| )left\b",
+    "$OUT": r"(?-i:\$OUT)\b",
+    # "one call of run()" is a function call; "within one call" is a remote command's time limit.
+    "one call": r"\b(?:in|within|per|than|a|the same) one (?:\d+-minute )?call\b|\bone \d+-minute call\b",
+    "come back": r"\bcom(?:e|es|ing) back\b",
+    "the issue": r"\b(?:the|benchmark) issue\b",
+    "issue number": r"\bissues? #?\d+\b|(?<![\w)&/#])#\d{1,5}\b",
+    "helper (process)": r"\bhelpers? process(?:es)?\b|\bhelper's\b|\ba helper\b",
+}
+PATTERN = re.compile("|".join(f"(?P<g{i}>{p})" for i, p in enumerate(FORBIDDEN.values())), re.IGNORECASE)
+# Raw outputs of tools and runs, kept as recorded: only their READMEs are ours.
+RECORDED = re.compile(r"^tests/fixtures/(?!.*README\.md$)")
+THIS_FILE = "tests/test_docs.py"  # it names the words it looks for
+BINARY_SUFFIXES = {".png", ".gz", ".whl", ".so", ".pdf"}
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [p for p in out.split("\0") if p and p != THIS_FILE and not RECORDED.match(p)
+            and Path(p).suffix not in BINARY_SUFFIXES]
+
+
+def vocabulary_hits(paths: list[str]) -> list[str]:
+    hits = []
+    for path in paths:
+        file = ROOT / path
+        if not file.is_file():
+            continue
+        text = file.read_text(encoding="utf-8", errors="replace")
+        for number, line in enumerate(text.splitlines(), 1):
+            for match in PATTERN.finditer(line):
+                word = list(FORBIDDEN)[int(match.lastgroup[1:])]
+                hits.append(f"{path}:{number}: {word!r}: {line.strip()[:160]}")
+    return hits
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="needs a git checkout (git ls-files)")
+def test_the_project_speaks_of_itself_alone():
+    hits = vocabulary_hits(tracked_files())
+    assert not hits, "words of the development environment in tracked files:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize("line, word", [
+    ("run it on a lent GPU machine", "lent"), ("two leases", "lease"), ("this session's run", "session"),
+    ("the device budget", "budget"), ("packs results into $OUT", "$OUT"), ("within one call", "one call"),
+    ("more than one 10-minute call", "one call"),
+    ("small enough to come back", "come back"), ("as the issue asks", "the issue"), ("see #29", "issue number"),
+    ("issue 30", "issue number"), ("a helper process claims it", "helper (process)"),
+])
+def test_the_vocabulary_check_catches_each_word(tmp_path, line, word):
+    match = PATTERN.search(line)
+    assert match and list(FORBIDDEN)[int(match.lastgroup[1:])] == word
+
+
+@pytest.mark.parametrize("line", [
+    "the register budget of one program", "a release add", "please", "color #222222", "lambda()#2",
+    "`start_new_session=True`", "a quarter of the case's time budget", "&#39;", "CUDA 12.6 releases",
+    'out="$out/x"', "one call of its custom add", "budget = config.max_fused_cols",
+])
+def test_the_vocabulary_check_leaves_product_words_alone(line):
+    assert not PATTERN.search(line)
+
+
+def test_the_readme_is_a_front_door():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    for command in ("pip install --require-hashes -r env/lock/cpu.txt && pip install --no-deps -e . && snakemake "
+                    "--cores 1", "pip install --require-hashes -r env/lock/cpu-dev.txt && pip install --no-deps -e . "
+                    "&& pytest", "docs/img/report-summary.png", "gpulab example-report"):
+        assert command in readme
+    for link in re.findall(r"\]\(((?:docs|env)/[^)#]+)", readme):
+        assert (ROOT / link).is_file(), f"README links to {link}, which does not exist"
+
+
+def test_the_summary_screenshot_is_small():
+    image = ROOT / "docs/img/report-summary.png"
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size < 200 * 1024
+
+
+def test_the_configuration_reference_has_every_schema_key():
+    schema = load_schema()
+    page = config_reference(schema)
+    keys = [key for key, _ in schema_keys(schema)]
+    assert {"target", "timing.min_time_s", "targets.<name>.env", "bench.tolerances.bf16", "llm.engines"} <= set(keys)
+    for key in keys:
+        assert f"| `{key}` |" in page, f"{key} missing from the configuration reference"
+
+
+def test_the_schema_keys_are_every_property():
+    """Every ``properties`` entry of the schema, at any depth, is one documented key."""
+    def count(node) -> int:
+        if isinstance(node, dict):
+            return len(node.get("properties", {})) + sum(count(v) for v in node.values())
+        if isinstance(node, list):
+            return sum(count(v) for v in node)
+        return 0
+
+    schema = load_schema()
+    assert len(list(schema_keys(schema))) == count({k: v for k, v in schema.items() if k != "$defs"})
+
+
+def test_the_cli_reference_has_every_command_and_option():
+    page = cli_reference()
+    sub = next(a for a in parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, command in sub.choices.items():
+        assert f"## `gpulab {name}`" in page
+        for action in command._actions:
+            if action.option_strings and "-h" not in action.option_strings:
+                assert action.option_strings[-1] in page, f"gpulab {name} {action.option_strings} missing"
