@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from gpulab.cli import parser
 from gpulab.config import load_schema
 from gpulab.reference import cli_reference, config_reference, schema_keys

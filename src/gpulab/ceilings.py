@@ -13,8 +13,8 @@ transfer reaches; a decode roofline uses the read plateau):
 - ``add`` (two reads, one write): ``torch.add`` into a buffer; a Triton add (sweep).
 
 The project's C++ extension is judged against these, not one of them: as a method it would make the ceilings wait
-for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method is still its own ceiling
-(:func:`raise_to_fastest`).
+for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method is
+still its own ceiling (:func:`raise_to_fastest`).
 
 Where even the best method reaches less than half of the plateau (small tensors: a call takes a few
 microseconds and launch and first-access latency, not bandwidth, set the time) the size is

@@ -86,7 +86,8 @@ def config_reference(schema: Mapping[str, Any] | None = None) -> str:
     ]
     for key, node in schema_keys(schema):
         default = f"`{json.dumps(node['default'])}`" if "default" in node else ""
-        lines.append(f"| `{key}` | {_cell(_type(node, defs))} | {_cell(default)} | {_cell(node.get('description', ''))} |")
+        description = _cell(node.get("description", ""))
+        lines.append(f"| `{key}` | {_cell(_type(node, defs))} | {_cell(default)} | {description} |")
     return "\n".join(lines) + "\n"
 
 
