@@ -132,3 +132,23 @@ def test_the_cli_reference_has_every_command_and_option():
         for action in command._actions:
             if action.option_strings and "-h" not in action.option_strings:
                 assert action.option_strings[-1] in page, f"gpulab {name} {action.option_strings} missing"
+
+
+def test_the_example_report_renders_the_recorded_h100_and_cpu_runs(tmp_path):
+    from gpulab.cli import main
+
+    assert main(["example-report", "-o", str(tmp_path / "example"), "--fixtures", str(ROOT / "tests/fixtures")]) == 0
+    results = tmp_path / "example/results"
+    assert sorted(p.name for p in results.iterdir()) == ["cpu", "h100"]
+    for area in ("bench/gelu.csv", "bench/ceilings.csv", "env/env.json", "build/extension.csv", "mlp/summary.csv"):
+        assert (results / "h100" / area).is_file() and (results / "cpu" / area).is_file(), area
+    assert list((results / "h100/llm").glob("*__fast.csv"))
+    html = (tmp_path / "example/report.html").read_text(encoding="utf-8")
+    assert "NVIDIA H100" in html and "This section could not be rendered" not in html
+
+
+def test_the_example_report_names_missing_fixtures(tmp_path):
+    from gpulab.cli import main
+
+    with pytest.raises(SystemExit, match=r"recorded fixtures not found: .*--fixtures"):
+        main(["example-report", "-o", str(tmp_path / "example"), "--fixtures", str(tmp_path / "none")])
