@@ -39,12 +39,8 @@
 namespace gpulab {
 namespace {
 
-// Messages are assembled from strings only: numbers go through std::to_string, never through an
-// std::ostream (TORCH_CHECK's c10::str). On the H100 machine the host compiler (a wrapper around GCC 13,
-// $CXX=/opt/gcc/bin/g++) links a private copy of libstdc++ into the extension; a stream that formats an
-// integer there mixes the two copies' locale facets and dies with SIGSEGV (backtrace:
-// c10::operator<<(ArrayRef<long>) -> std::ostream::_M_insert<long> -> codecvt::do_unshift, all resolved
-// inside the extension). Writing strings into a stream, and std::to_string, do not touch the facets.
+// Messages are assembled from strings only (std::to_string, never a number through an std::ostream such as
+// TORCH_CHECK's c10::str): with a private libstdc++ copy linked in, formatting a number through a stream crashes.
 std::string dims(c10::IntArrayRef values) {
     std::string out = "[";
     for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);

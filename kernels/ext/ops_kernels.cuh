@@ -52,10 +52,8 @@ __device__ __forceinline__ float shfl_xor(float v, int lane_mask, int width) {
 }
 
 constexpr int kVecBytes = 16;
-// PyTorch's own launch shape for vectorised elementwise kernels (ATen/native/cuda/CUDALoops.cuh), which
-// reached 100% of the measured copy bandwidth on an H100 where a 256-thread, 16-element-per-thread,
-// SM-capped grid-stride version of these kernels reached 95-98%: small blocks, a few elements per
-// thread, one block per tile.
+// PyTorch's own launch shape for vectorised elementwise kernels (ATen/native/cuda/CUDALoops.cuh): small blocks, a
+// few elements per thread, one block per tile, faster than a grid-stride loop.
 #if defined(GPULAB_ROCM)
 constexpr int kElementwiseThreads = 256;
 constexpr int kElementsPerThread = 4;
@@ -67,8 +65,7 @@ constexpr int kSoftmaxWarpBlockThreads = 256;
 constexpr int kFloatsPerLane = 32;  // register budget of the row-in-registers softmax kernels
 constexpr int kMaxBlockThreads = 1024;
 // Elements per thread of the block and split softmax kernels (kSoftmaxBlockElems = kMaxBlockThreads x this): the
-// Triton kernel's 16 (kernels/triton/config.py): at 16384-wide bf16 rows on an H100 it reached 95-98% of a copy
-// where 32 per thread in 512 threads reached 90-93%.
+// Triton kernel's 16 (kernels/triton/config.py), faster than 32 per thread in 512 threads.
 constexpr int kBlockElemsPerThread = 16;
 static_assert(kSoftmaxBlockElems == kMaxBlockThreads * kBlockElemsPerThread, "one block holds one chunk");
 // Reads of a row's arrival count a split-softmax block makes before it gives up (2^22 L2 round trips): a launch
@@ -673,9 +670,7 @@ void launch_softmax(const T* x, T* y, int64_t rows, int64_t cols, int64_t split,
     if (chunks <= static_cast<int64_t>(WARP) * kMaxIters) {
         if constexpr (VEC) {
             // Exact register footprints for the widths that matter (powers of two up to the limit).
-            // Rows of a warp's vectors or fewer: half a warp each, two vectors a lane. One vector a lane reached
-            // 94% of a size-matched copy at 65536x256 bf16 on an H100, where Triton's 8 rows of 16 elements
-            // per thread reached 99%.
+            // Rows of a warp's vectors or fewer: half a warp each, two vectors a lane (one vector a lane is slower).
             if (chunks <= WARP) return launch_softmax_warp<T, WARP / 2, 2, VEC>(x, y, rows, cols, stream);
             if (chunks <= WARP * 2) return launch_softmax_warp<T, WARP, 2, VEC>(x, y, rows, cols, stream);
             if (chunks <= WARP * 4) return launch_softmax_warp<T, WARP, 4, VEC>(x, y, rows, cols, stream);
