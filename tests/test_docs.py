@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpulab.cli import parser
 from gpulab.config import load_schema
@@ -16,33 +17,27 @@ from gpulab.reference import cli_reference, config_reference, schema_keys
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 150
 
-# Words of a development environment, not of gpulab's users: machines lent for a while, work sessions, device-time
-# budgets, the output folder of a remote command, tracker issues, processes described as someone's helpers.
-FORBIDDEN = {
-    "lease": r"\bleas(?:e|es|ed|ing)\b",
-    "lent": r"\blent\b",
-    "session": r"\bsessions?\b",
-    # A budget of registers, memory or a case's time is the product's own word; one of device time is not.
-    "budget": r"\b(?:device|GPU|device-time|session's|our) budgets?\b|\bbudget(?:_| )left\b",
-    "$OUT": r"(?-i:\$OUT)\b",
-    # "one call of run()" is a function call; "within one call" is a remote command's time limit.
-    "one call": r"\b(?:in|within|per|than|a|the same) one (?:\d+-minute )?call\b|\bone \d+-minute call\b",
-    "come back": r"\bcom(?:e|es|ing) back\b",
-    "the issue": r"\b(?:the|benchmark) issue\b",
-    "issue number": r"\bissues? #?\d+\b|(?<![\w)&/#])#\d{1,5}\b",
-    "helper (process)": r"\bhelpers? process(?:es)?\b|\bhelper's\b|\ba helper\b",
-}
+# Words of a development environment, not of gpulab's users: each with its pattern and lines it must catch.
+VOCABULARY = yaml.safe_load((ROOT / "tests/fixtures/vocabulary/words.yaml").read_text(encoding="utf-8"))
+FORBIDDEN = {entry["name"]: entry["pattern"] for entry in VOCABULARY["forbidden"]}
 PATTERN = re.compile("|".join(f"(?P<g{i}>{p})" for i, p in enumerate(FORBIDDEN.values())), re.IGNORECASE)
 # Raw outputs of tools and runs, kept as recorded: only their READMEs are ours.
 RECORDED = re.compile(r"^tests/fixtures/(?!.*README\.md$)")
-THIS_FILE = "tests/test_docs.py"  # it names the words it looks for
 BINARY_SUFFIXES = {".png", ".gz", ".whl", ".so", ".pdf"}
 
 
 def tracked_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [p for p in out.split("\0") if p and p != THIS_FILE and not RECORDED.match(p)
-            and Path(p).suffix not in BINARY_SUFFIXES]
+    return [p for p in out.split("\0") if p and not RECORDED.match(p) and Path(p).suffix not in BINARY_SUFFIXES]
+
+
+def _name(match: re.Match[str]) -> str:
+    return list(FORBIDDEN)[int(match.lastgroup[1:])]
+
+
+def _word(line: str) -> str | None:
+    match = PATTERN.search(line)
+    return _name(match) if match else None
 
 
 def vocabulary_hits(paths: list[str]) -> list[str]:
@@ -54,8 +49,7 @@ def vocabulary_hits(paths: list[str]) -> list[str]:
         text = file.read_text(encoding="utf-8", errors="replace")
         for number, line in enumerate(text.splitlines(), 1):
             for match in PATTERN.finditer(line):
-                word = list(FORBIDDEN)[int(match.lastgroup[1:])]
-                hits.append(f"{path}:{number}: {word!r}: {line.strip()[:160]}")
+                hits.append(f"{path}:{number}: {_name(match)!r}: {line.strip()[:160]}")
     return hits
 
 
@@ -65,25 +59,14 @@ def test_the_project_speaks_of_itself_alone():
     assert not hits, "words of the development environment in tracked files:\n" + "\n".join(hits)
 
 
-@pytest.mark.parametrize("line, word", [
-    ("run it on a lent GPU machine", "lent"), ("two leases", "lease"), ("this session's run", "session"),
-    ("the device budget", "budget"), ("packs results into $OUT", "$OUT"), ("within one call", "one call"),
-    ("more than one 10-minute call", "one call"),
-    ("small enough to come back", "come back"), ("as the issue asks", "the issue"), ("see #29", "issue number"),
-    ("issue 30", "issue number"), ("a helper process claims it", "helper (process)"),
-])
-def test_the_vocabulary_check_catches_each_word(tmp_path, line, word):
-    match = PATTERN.search(line)
-    assert match and list(FORBIDDEN)[int(match.lastgroup[1:])] == word
+@pytest.mark.parametrize("line, word", [(line, e["name"]) for e in VOCABULARY["forbidden"] for line in e["catches"]])
+def test_the_vocabulary_check_catches_each_word(line, word):
+    assert _word(line) == word
 
 
-@pytest.mark.parametrize("line", [
-    "the register budget of one program", "a release add", "please", "color #222222", "lambda()#2",
-    "`start_new_session=True`", "a quarter of the case's time budget", "&#39;", "CUDA 12.6 releases",
-    'out="$out/x"', "one call of its custom add", "budget = config.max_fused_cols",
-])
+@pytest.mark.parametrize("line", VOCABULARY["allowed"])
 def test_the_vocabulary_check_leaves_product_words_alone(line):
-    assert not PATTERN.search(line)
+    assert _word(line) is None
 
 
 def test_the_readme_is_a_front_door():
