@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,15 @@ def test_the_example_report_names_missing_fixtures(tmp_path):
 
     with pytest.raises(SystemExit, match=r"recorded fixtures not found: .*--fixtures"):
         main(["example-report", "-o", str(tmp_path / "example"), "--fixtures", str(tmp_path / "none")])
+
+
+@pytest.mark.slow
+def test_the_documentation_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict`: a broken link, a missing page or a page left out of the navigation fails; the
+    generated references and the example report are in the site."""
+    pytest.importorskip("mkdocs")
+    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    for page in ("reference/config/index.html", "reference/cli/index.html", "example/report.html", "index.html"):
+        assert (tmp_path / "site" / page).is_file(), page
