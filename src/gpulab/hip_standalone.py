@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, detect, offload_archs, probe
-from gpulab.env_capture import ToolResult, run_tool
 from gpulab.paths import KERNELS_DIR, default_cache_root
 from gpulab.tables import Column, TableSchema, write_atomic
 from gpulab.timing import TimingSettings, summarize
+from gpulab.tools import ToolResult, run_tool
 
 SOURCE = KERNELS_DIR / "hip" / "vector_add.hip"
 HEADERS = (KERNELS_DIR / "hip" / "hip_compat.h",)

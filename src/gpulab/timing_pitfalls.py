@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpulab.device import DeviceInfo, arm_device_claim, claims_for_helpers, detect, probe
-from gpulab.env_capture import run_tool
+from gpulab.device import DeviceInfo, detect, probe
+from gpulab.device_lock import arm_device_claim, claims_for_helpers
 from gpulab.tables import Column, TableSchema
 from gpulab.timing import TimingSettings, measure
+from gpulab.tools import run_tool
 
 TUTORIAL_SIZE = 1024 * 1024 * 10  # the tutorial's "1000万个元素" (10 Mi float32 elements)
 BYTES_PER_ELEMENT = 3 * 4

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.bench.ops import GELU_C2
-from gpulab.device import DeviceInfo, claims_for_helpers, detect, probe
-from gpulab.env_capture import run_tool
+from gpulab.device import DeviceInfo, detect, probe
+from gpulab.device_lock import claims_for_helpers
 from gpulab.tables import Column, TableSchema
+from gpulab.tools import run_tool
 
 EXTENSION_CHECKS = TableSchema(
     "extension_checks",

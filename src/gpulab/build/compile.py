@@ -22,8 +22,8 @@ from typing import Any
 
 from gpulab.build.plan import SOURCE_DIR, BuildSpec, plan_build
 from gpulab.device import DeviceInfo
-from gpulab.env_capture import run_tool
 from gpulab.tables import write_atomic
+from gpulab.tools import run_tool
 
 MARKER_FILE = "build.json"
 LOG_FILE = "build.log"
