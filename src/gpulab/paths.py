@@ -18,8 +18,12 @@ CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-on
 
 
 def kernel_relpath(path: str | Path) -> str:
-    """A kernel file as ``kernels/<sub>/<file>``, the same whether the package is a checkout or installed."""
-    return str(Path("kernels") / Path(path).resolve().relative_to(KERNELS_DIR.resolve()))
+    """A kernel file as ``kernels/<sub>/<file>``, the same whether the package is a checkout or installed; a kernel
+    file of an op registered from outside the package (gpulab.bench.ops.register_op) as its own path."""
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(KERNELS_DIR.resolve()):
+        return str(resolved)
+    return str(Path("kernels") / resolved.relative_to(KERNELS_DIR.resolve()))
 
 
 def default_cache_root() -> Path:

@@ -29,14 +29,18 @@ KERNEL_MODULES = {"triton": "gpulab.kernels.triton.{op}"}
 # reruns that op's cells only, not every step that imports the registry for its availability checks.
 PER_JOB_KERNEL_IMPORTS = ("src/gpulab/bench/impls.py",)
 
-HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/hip/hip_compat.h")
+# The HIP translation units (relative to the checkout, and to the package: kernels/ is linked into it): the
+# standalone program, and the extension's device code as hipcc compiles it for every AMD architecture
+# (gpulab.kernel_compile.hipcc). The headers beside a unit are part of it.
+HIP_PROGRAM = "kernels/hip/vector_add.hip"
+HIP_SOURCES = (HIP_PROGRAM, "kernels/ext/ops_kernels_hip.hip")
 EXTENSION_SOURCES = (
     "kernels/ext/ops.cpp", "kernels/ext/ops_cuda.cu", "kernels/ext/ops_common.h", "kernels/ext/ops_kernels.cuh",
 )
 
 # Files other than Python modules that a step's script reads, by script name.
 DATA_SOURCES = {
-    "build_hip_standalone.py": HIP_SOURCES,
+    "build_hip_standalone.py": (HIP_PROGRAM, "kernels/hip/*.h"),
     "build_extension.py": EXTENSION_SOURCES,
     # Every Triton kernel; the HIP sources and their headers come from gpulab.kernel_compile.hipcc (kernels.smk).
     "kernels_compile.py": ("kernels/triton/*.py",),

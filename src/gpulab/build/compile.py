@@ -27,7 +27,6 @@ from gpulab.tools import run_tool
 
 MARKER_FILE = "build.json"
 LOG_FILE = "build.log"
-OP_NAMES = ("vector_add", "gelu_tanh", "softmax_rows")
 ERROR_LINE = re.compile(r"(\berror\b|\bError\b|undefined reference|fatal)", re.IGNORECASE)
 
 
