@@ -46,7 +46,10 @@ def test_the_kernels_package_is_the_top_level_kernels_directory():
 
 def test_kernel_sources_per_implementation():
     assert kernel_sources("triton", "softmax", REPO) == [
-        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/softmax.py"]
+        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/aot.py", "kernels/triton/config.py",
+        "kernels/triton/softmax.py"]
+    assert kernel_sources("triton", "gelu", REPO) == [
+        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/gelu.py"]
     assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op, REPO))
     assert kernel_sources("native", "gelu", REPO) == []
 

@@ -11,7 +11,6 @@ only turns jsonschema's findings into messages that name the offending key and w
 from __future__ import annotations
 
 import copy
-import functools
 import hashlib
 import json
 import re
@@ -22,17 +21,11 @@ from typing import Any
 import yaml
 
 from gpulab.paths import CONFIG_SCHEMA
+from gpulab.schema import schema_file
 
 
 class ConfigError(ValueError):
     """The configuration does not match the schema; the message lists every problem found."""
-
-
-@functools.cache
-def schema_file(path: Path = CONFIG_SCHEMA) -> dict[str, Any]:
-    """The schema as written, without the registries' lists (see :func:`load_schema`); do not modify."""
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 def load_schema(path: Path = CONFIG_SCHEMA) -> dict[str, Any]:

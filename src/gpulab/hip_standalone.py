@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, detect, offload_archs, probe
-from gpulab.paths import PACKAGE_DIR, default_cache_root
-from gpulab.sources import HIP_PROGRAM
+from gpulab.paths import HIP_PROGRAM, PACKAGE_DIR, default_cache_root
 from gpulab.tables import Column, TableSchema, write_atomic
 from gpulab.timing import TimingSettings, summarize
 from gpulab.tools import ToolResult, run_tool

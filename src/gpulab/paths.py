@@ -14,6 +14,11 @@ from pathlib import Path
 PACKAGE_DIR = Path(str(resources.files("gpulab")))
 CONFIG_SCHEMA = PACKAGE_DIR / "schemas" / "config.schema.yaml"
 KERNELS_DIR = PACKAGE_DIR / "kernels"
+# The HIP translation units, relative to the package (and to the checkout, whose kernels/ the package links): the
+# standalone program, and the extension's device code as hipcc compiles it for every AMD architecture
+# (gpulab.kernel_compile.hipcc). The headers beside a unit are part of it.
+HIP_PROGRAM = "kernels/hip/vector_add.hip"
+HIP_SOURCES = (HIP_PROGRAM, "kernels/ext/ops_kernels_hip.hip")
 CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
 
 

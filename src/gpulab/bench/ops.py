@@ -264,7 +264,7 @@ def parse_shape(op: str, value: int | Sequence[int] | str) -> Shape:
 
 
 def _schema_tolerances() -> dict[str, float]:
-    from gpulab.config import schema_file
+    from gpulab.schema import schema_file
 
     props = schema_file()["properties"]["bench"]["properties"]["tolerances"]["properties"]
     return {dtype: float(spec["default"]) for dtype, spec in props.items()}

@@ -16,8 +16,7 @@ from typing import Any
 from gpulab.bench.ops import OPS
 from gpulab.kernel_compile.archs import Arch
 from gpulab.kernel_compile.resources import amdgcn_kernels, demangle
-from gpulab.paths import PACKAGE_DIR, kernel_relpath
-from gpulab.sources import HIP_SOURCES
+from gpulab.paths import HIP_SOURCES, PACKAGE_DIR, kernel_relpath
 
 HIPCC_FLAGS = ("-O3", "-std=c++17", "--cuda-device-only", "-S")
 DTYPES = (("bfloat16", "bf16"), ("__half", "fp16"), ("half", "fp16"), ("c10::Half", "fp16"), ("float", "fp32"))
@@ -25,7 +24,7 @@ MAX_MESSAGE = 2000
 
 
 def hip_sources() -> list[Path]:
-    """The HIP translation units (gpulab.sources.HIP_SOURCES), each compiled and tabled for every AMD arch; its
+    """The HIP translation units (gpulab.paths.HIP_SOURCES), each compiled and tabled for every AMD arch; its
     directory's headers are part of its cache key."""
     return [PACKAGE_DIR / s for s in HIP_SOURCES]
 

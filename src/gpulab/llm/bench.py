@@ -80,9 +80,9 @@ LLM = TableSchema(
 
 def llm_defaults() -> dict[str, Any]:
     """The ``llm`` section's defaults from the config schema (usable without jsonschema)."""
-    from gpulab.config import load_schema
+    from gpulab.schema import schema_file
 
-    props = load_schema()["properties"]["llm"]["properties"]
+    props = schema_file()["properties"]["llm"]["properties"]
     return {key: spec["default"] for key, spec in props.items() if "default" in spec}
 
 
