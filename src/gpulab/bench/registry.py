@@ -1,5 +1,5 @@
-"""The implementations of the ops: each one decorated factory that returns a zero-argument closure, so that only
-the op's launch is timed.
+"""The implementations of the ops: each a decorated factory returning a zero-argument closure, so that only the
+op's launch is timed.
 
 A factory takes a :class:`Case` and the case's input tensors (already on the device) and returns a
 zero-argument closure that runs the op once and returns its output. Everything that is not the op
