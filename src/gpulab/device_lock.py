@@ -54,9 +54,9 @@ def waits_path(log_path: str | os.PathLike[str]) -> Path:
 
 
 def start_waits_record(log_path: str | os.PathLike[str]) -> Path:
-    """Point this job (and its helper processes) at a fresh wait record beside its log's directory."""
+    """Point this job (and its helper processes) at a fresh wait record beside its log's directory (written at the
+    first claim: a job that never claims the device leaves none)."""
     path = waits_path(log_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     os.environ[WAITS_VAR] = os.path.abspath(path)
     return path
@@ -99,6 +99,7 @@ def _record_wait(waited: float) -> None:
     if not record:
         return
     line = json.dumps({"pid": os.getpid(), "claimed_at": time.time(), "waited_s": waited})
+    Path(record).parent.mkdir(parents=True, exist_ok=True)
     with open(record, "a", encoding="utf-8") as fh:  # one short append per claim: whole lines, even from helpers
         fh.write(line + "\n")
 
