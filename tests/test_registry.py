@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+
 from gpulab.bench import ops
 from gpulab.bench.registry import REGISTRY, BenchContext
 from gpulab.bench.runner import BENCH, run_cell
