@@ -122,10 +122,10 @@ def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path
     monkeypatch.setenv(device_lock.WAITS_VAR, str(tmp_path / "waits.jsonl"))
     assert device_lock.claim_device() is None  # no lock named: cluster runs, CPU-only machines
     lock = str(tmp_path / "device.lock")
-    assert device_lock.claims_for_helpers()
+    assert device_lock.child_should_claim()
     assert device_lock.claim_device(lock) is not None
     assert device_lock.claim_device(lock) is None  # held already: re-entrant within the job
-    assert not device_lock.claims_for_helpers()  # a helper started now would wait for its own parent
+    assert not device_lock.child_should_claim()  # a child started now would wait for its own parent
     device_lock._CLAIM["file"].close()
     assert len(device_lock.read_waits(tmp_path / "waits.jsonl")) == 1  # one claim, one record
 
@@ -135,14 +135,14 @@ def test_the_device_wait_is_the_union_of_the_recorded_claims():
 
     assert waited_s([{"claimed_at": 100.0, "waited_s": 12.345}]) == pytest.approx(12.345)
     assert waited_s([]) == 0.0
-    # two helper processes that waited at once (10 s and 14 s, ending 4 s apart) waited 14 s of the job's time,
+    # two child processes that waited at once (10 s and 14 s, ending 4 s apart) waited 14 s of the job's time,
     # and the job's own claim after them another 1 s
     claims = [{"claimed_at": 10.0, "waited_s": 10}, {"claimed_at": 14.0, "waited_s": 14},
               {"claimed_at": 20.0, "waited_s": 1}]
     assert waited_s(claims) == pytest.approx(15.0)
 
 
-def test_a_jobs_wait_record_is_fresh_and_its_helpers_append_to_it(tmp_path, monkeypatch):
+def test_a_jobs_wait_record_is_fresh_and_its_child_processes_append_to_it(tmp_path, monkeypatch):
     """A job's fresh interpreter (the extension's bad-input cases, the tutorial timings) records its claim in the
     job's record, so the report can tell its wait from the job's work; a rerun of the job starts a new record."""
     from gpulab.device_lock import WAITS_VAR, read_waits, start_waits_record

@@ -5,11 +5,11 @@ others start Python, import PyTorch, transformers or pandas and run their compil
 the device). This lock keeps their device work one at a time: a job takes it when it first detects the GPU
 (:func:`gpulab.device.detect`) and keeps it until it exits. The Snakefile names the lock file (DEVICE_LOCK_VAR);
 :mod:`gpulab.step` arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs never wait; a job's
-helper process claims only when asked to (``--claim-device``, while its parent does not hold the device:
-:func:`claims_for_helpers`).
+child process claims only when asked to (``--claim-device``, while its parent does not hold the device:
+:func:`child_should_claim`).
 
 Every claim appends one JSON line (pid, when the claim was granted, seconds waited) to the job's wait record
-(WAITS_VAR, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's helper processes
+(WAITS_VAR, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's child processes
 inherit the variable and append to the same record. The report reads these records (:func:`read_waits`,
 :func:`waited_s`) to tell a job's wait from its work.
 """
@@ -31,7 +31,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
-# The job's wait record; helper processes inherit it from their job.
+# The job's wait record; child processes inherit it from their job.
 WAITS_VAR = "GPULAB_DEVICE_WAITS"
 WAITS_DIR = "device_waits"
 _CLAIM: dict[str, Any] = {"armed": False, "file": None}
@@ -54,7 +54,7 @@ def waits_path(log_path: str | os.PathLike[str]) -> Path:
 
 
 def start_waits_record(log_path: str | os.PathLike[str]) -> Path:
-    """Point this job (and its helper processes) at a fresh wait record beside its log's directory (written at the
+    """Point this job (and its child processes) at a fresh wait record beside its log's directory (written at the
     first claim: a job that never claims the device leaves none)."""
     path = waits_path(log_path)
     path.unlink(missing_ok=True)
@@ -88,9 +88,9 @@ def claim_device(path: str | None = None) -> float | None:
     return waited
 
 
-def claims_for_helpers() -> bool:
-    """Whether a helper process this one starts should claim the device itself: not while this process holds it
-    (the helper would wait for its own parent)."""
+def child_should_claim() -> bool:
+    """Whether a child process this one starts should claim the device itself: not while this process holds it
+    (the child would wait for its own parent)."""
     return _CLAIM["file"] is None
 
 
@@ -100,7 +100,7 @@ def _record_wait(waited: float) -> None:
         return
     line = json.dumps({"pid": os.getpid(), "claimed_at": time.time(), "waited_s": waited})
     Path(record).parent.mkdir(parents=True, exist_ok=True)
-    with open(record, "a", encoding="utf-8") as fh:  # one short append per claim: whole lines, even from helpers
+    with open(record, "a", encoding="utf-8") as fh:  # one short append per claim: whole lines, even from children
         fh.write(line + "\n")
 
 
@@ -114,7 +114,7 @@ def read_waits(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def waited_s(claims: Iterable[Mapping[str, Any]]) -> float:
-    """Seconds a job waited for the device: the union of its claims' waits, as a job's helper processes may wait
+    """Seconds a job waited for the device: the union of its claims' waits, as a job's child processes may wait
     at once (0 where it never waited: no lock, or no GPU)."""
     spans = sorted((float(c["claimed_at"]) - float(c["waited_s"]), float(c["claimed_at"])) for c in claims)
     total, reach = 0.0, -math.inf

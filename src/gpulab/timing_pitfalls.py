@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, detect, probe
-from gpulab.device_lock import arm_device_claim, claims_for_helpers
+from gpulab.device_lock import arm_device_claim, child_should_claim
 from gpulab.tables import Column, TableSchema
 from gpulab.timing import TimingSettings, measure
 from gpulab.tools import run_tool
@@ -123,7 +123,7 @@ def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, manif
                 for i in ("cpp_ext", "native")]
     rows = []
     orders = (("tutorial", False), ("tutorial_reversed", True))
-    claim = device is None and claims_for_helpers()
+    claim = device is None and child_should_claim()
     with ThreadPoolExecutor(max_workers=len(orders)) as pool:
         readings = list(pool.map(lambda o: _tutorial_in_subprocess(manifest, o[1], size, timeout_s, claim), orders))
     if device is None:

@@ -25,7 +25,7 @@ Closure = Callable[[], "torch.Tensor"]
 
 
 def _bind(fn: Callable[..., torch.Tensor], args: Sequence[Any]) -> Closure:
-    """The closure the benchmark times: one call of ``fn`` on the case's tensors."""
+    """The closure the benchmark times: ``fn`` applied to the case's tensors."""
     args = tuple(args)
     return lambda: fn(*args)
 
