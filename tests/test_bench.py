@@ -669,16 +669,10 @@ def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_lim
     assert "limit" in rows[1]["reason"].lower()
 
 
-def test_a_spent_time_budget_skips_the_remaining_cases():
-    rows = run_cell("add", "native", shapes=[(8,), (16,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
-                    fingerprint="fp", deadline=0.0, progress=False)
-    assert [r["status"] for r in rows] == ["skipped", "skipped"] and "time budget" in rows[0]["reason"]
-
-
 def test_torch_compile_runs_on_cpu_or_says_why():
     row = run_cell("add", "torch_compile", shapes=[(1000,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
                    fingerprint="fp", progress=False)[0]
-    if impls.compile_unavailable(ctx()) is None:
+    if impls.compile_unavailable(ctx(), "add") is None:
         assert row["status"] == "ok", row["reason"]
         assert row["cold_call_ms"] > row["median_ms"]  # compilation lands in the first call, not the timing
     else:

@@ -90,71 +90,77 @@ def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda
     assert environ.get("TEARDOWN_CUPTI") == expected
 
 
-def _claim_in_subprocess(lock: Path, hold_s: float) -> subprocess.Popen:
-    code = ("import logging, sys, time; logging.basicConfig(level=logging.INFO, stream=sys.stdout, "
-            "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
-            "from gpulab.device import claim_device; "
+def _claim_in_subprocess(lock: Path, record: Path, hold_s: float) -> subprocess.Popen:
+    code = ("import time; from gpulab.device_lock import claim_device; "
             f"print('waited', claim_device({str(lock)!r}), flush=True); time.sleep({hold_s})")
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    from gpulab.device_lock import WAITS_VAR
+
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, WAITS_VAR: str(record)})
 
 
 def test_a_job_waits_for_the_device_until_the_job_holding_it_exits(tmp_path):
-    from gpulab.device import device_wait_s
+    from gpulab.device_lock import read_waits, waited_s
 
     lock = tmp_path / "device.lock"
-    first = _claim_in_subprocess(lock, hold_s=2.0)
-    assert first.stdout is not None and "INFO" in first.stdout.readline()  # the first claim: no wait
-    second = _claim_in_subprocess(lock, hold_s=0.0)
+    first = _claim_in_subprocess(lock, tmp_path / "first.jsonl", hold_s=2.0)
+    assert first.stdout is not None and "waited" in first.stdout.readline()  # the first claim: no wait
+    second = _claim_in_subprocess(lock, tmp_path / "second.jsonl", hold_s=0.0)
     first.communicate(timeout=60)
     out_second, _ = second.communicate(timeout=60)
     assert second.returncode == 0 and first.returncode == 0
-    # the second job's claim returned only once the first job had exited (after its 2 s), and its log says so
-    assert device_wait_s(out_second) > 1.0, out_second
-    assert "waited" in out_second
+    # the second job's claim returned only once the first job had exited (after its 2 s), and its record says so
+    assert waited_s(read_waits(tmp_path / "second.jsonl")) > 1.0, out_second
+    assert waited_s(read_waits(tmp_path / "first.jsonl")) < 1.0
 
 
 def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path, monkeypatch):
-    import gpulab.device as device
+    import gpulab.device_lock as device_lock
 
-    monkeypatch.setattr(device, "_CLAIM", {"armed": False, "file": None})
-    monkeypatch.delenv(device.DEVICE_LOCK_VAR, raising=False)
-    assert device.claim_device() is None  # no lock named: cluster runs, CPU-only machines
+    monkeypatch.setattr(device_lock, "_CLAIM", {"armed": False, "file": None})
+    monkeypatch.delenv(device_lock.DEVICE_LOCK_VAR, raising=False)
+    monkeypatch.setenv(device_lock.WAITS_VAR, str(tmp_path / "waits.jsonl"))
+    assert device_lock.claim_device() is None  # no lock named: cluster runs, CPU-only machines
     lock = str(tmp_path / "device.lock")
-    assert device.claims_for_helpers()
-    assert device.claim_device(lock) is not None
-    assert device.claim_device(lock) is None  # held already: re-entrant within the job
-    assert not device.claims_for_helpers()  # a child started now would wait for its own parent
-    device._CLAIM["file"].close()
+    assert device_lock.child_should_claim()
+    assert device_lock.claim_device(lock) is not None
+    assert device_lock.claim_device(lock) is None  # held already: re-entrant within the job
+    assert not device_lock.child_should_claim()  # a child started now would wait for its own parent
+    device_lock._CLAIM["file"].close()
+    assert len(device_lock.read_waits(tmp_path / "waits.jsonl")) == 1  # one claim, one record
 
 
-def test_the_device_wait_is_read_back_from_a_log_line():
-    from gpulab.device import CLAIM_MESSAGE, device_wait_s
+def test_the_device_wait_is_the_union_of_the_recorded_claims():
+    from gpulab.device_lock import waited_s
 
-    line = "2026-11-25 01:00:00,000 INFO gpulab.device: " + CLAIM_MESSAGE % 12.345
-    assert device_wait_s("started\n" + line + "\nmore\n") == pytest.approx(12.35)
-    assert device_wait_s("a job that never claimed the device\n") == 0.0
+    assert waited_s([{"claimed_at": 100.0, "waited_s": 12.345}]) == pytest.approx(12.345)
+    assert waited_s([]) == 0.0
     # two child processes that waited at once (10 s and 14 s, ending 4 s apart) waited 14 s of the job's time,
     # and the job's own claim after them another 1 s
-    lines = ["2026-11-25 01:00:10,000 INFO gpulab.device (pid 7): " + CLAIM_MESSAGE % 10,
-             "2026-11-25 01:00:14,000 INFO gpulab.device (pid 8): " + CLAIM_MESSAGE % 14,
-             "2026-11-25 01:00:20,000 INFO gpulab.device: " + CLAIM_MESSAGE % 1]
-    assert device_wait_s("\n".join(lines)) == pytest.approx(15.0)
+    claims = [{"claimed_at": 10.0, "waited_s": 10}, {"claimed_at": 14.0, "waited_s": 14},
+              {"claimed_at": 20.0, "waited_s": 1}]
+    assert waited_s(claims) == pytest.approx(15.0)
 
 
-def test_a_helper_process_writes_its_claim_to_the_jobs_log(tmp_path):
-    """A job's fresh interpreter (the extension's bad-input cases, the tutorial timings) has no logging of its own:
-    its claim still reaches the job's log, so the report can tell its wait from the job's work."""
-    from gpulab.device import JOB_LOG_VAR, device_wait_s
+def test_a_jobs_wait_record_is_fresh_and_its_child_processes_append_to_it(tmp_path, monkeypatch):
+    """A job's fresh interpreter (the extension's bad-input cases, the tutorial timings) records its claim in the
+    job's record, so the report can tell its wait from the job's work; a rerun of the job starts a new record."""
+    from gpulab.device_lock import WAITS_VAR, read_waits, start_waits_record
 
-    log = tmp_path / "job.log"
-    code = f"from gpulab.device import claim_device; claim_device({str(tmp_path / 'device.lock')!r})"
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, JOB_LOG_VAR: str(log)})
-    text = log.read_text()
-    assert "device claimed after waiting" in text and device_wait_s(text) < 1.0
+    log = tmp_path / "t" / "logs" / "job.log"
+    stale = tmp_path / "t" / "device_waits" / "job.jsonl"
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"pid": 1, "claimed_at": 0, "waited_s": 99}\n')
+    monkeypatch.delenv(WAITS_VAR, raising=False)
+    assert start_waits_record(log) == stale and not stale.exists()
+    code = f"from gpulab.device_lock import claim_device; claim_device({str(tmp_path / 'device.lock')!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+    (claim,) = read_waits(stale)
+    assert claim["waited_s"] < 1.0 and claim["pid"] != os.getpid()
 
 
 def test_the_device_lock_is_per_user_and_per_visible_devices():
-    from gpulab.device import device_lock_path
+    from gpulab.device_lock import device_lock_path
 
     assert device_lock_path({"CUDA_VISIBLE_DEVICES": "0"}) != device_lock_path({"CUDA_VISIBLE_DEVICES": "1"})
     assert device_lock_path({}) == device_lock_path({})

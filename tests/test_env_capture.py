@@ -6,15 +6,14 @@ import shutil
 import pandas as pd
 import pytest
 from gpulab.env_capture import (
-    ToolResult,
     _no_device_on_empty_output,
     _no_device_when_kernel_driver_absent,
     capture,
     fingerprint_id,
-    run_tool,
 )
 from gpulab.runtime_stack import RUNTIME_STACK, classify, parse_ldd, stack_rows
 from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
+from gpulab.tools import ToolResult, run_tool
 
 STUDY_TORCH_LIB = "/opt/venv/lib/python3.13/site-packages/torch/lib"
 

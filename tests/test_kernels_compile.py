@@ -20,8 +20,9 @@ from gpulab.kernel_compile.job import vector_elements  # noqa: E402
 from gpulab.kernel_compile.resources import amdgcn_kernels, elf_section_size, ptxas_resources  # noqa: E402
 from gpulab.kernel_compile.triton_aot import compile_cached, compile_launch, gpu_target, private_triton_cache  # noqa: E402
 from gpulab.kernels.triton import config as triton_config  # noqa: E402
+from gpulab.kernels.triton.aot import DTYPES, Launch  # noqa: E402
 from gpulab.kernels.triton.config import Target  # noqa: E402
-from gpulab.kernels.triton.launches import DTYPES, Launch, launches  # noqa: E402
+from gpulab.kernels.triton.launches import launches  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 ALL_DTYPES = tuple(DTYPES)

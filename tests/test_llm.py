@@ -20,7 +20,7 @@ import torch
 from gpulab.device import detect
 from gpulab.llm import bench, checks, figures, probe
 from gpulab.llm.bench import LLM, Sizes, kernels_path, run_llm
-from gpulab.llm.engines import FastEngine, HfEngine
+from gpulab.llm.engines import ENGINES, ExactEngine, HfEngine
 from gpulab.llm.exact import ExactDecoder
 from gpulab.llm.fast import FastDecoder
 from gpulab.llm.graphs import GraphSettings
@@ -380,7 +380,22 @@ FILLED = {
 CHECKS = {"hf": [], "fast": ["teacher48"], "fast_exact": ["greedy8"]}
 
 
-@pytest.mark.parametrize("engine", ["hf", "fast", "fast_exact"])
+def test_the_engine_registry_is_what_the_config_and_the_tables_ask():
+    from gpulab.config import load_schema, validate_config
+    from gpulab.llm.profile import LLM_KERNELS
+
+    assert list(ENGINES) == ["hf", "fast", "fast_exact"]
+    assert load_schema()["properties"]["llm"]["properties"]["engines"]["items"]["enum"] == list(ENGINES)
+    assert validate_config({})["llm"]["engines"] == list(ENGINES)
+    described = {c.name: c.description for c in [*LLM.columns, *LLM_KERNELS.columns]}
+    assert all(name in described["engine"] for name in ENGINES)
+    # each engine's correctness check names the rows a failure leaves (bench._outcome_rows)
+    assert {name: cls.check_tests(8, 48) for name, cls in ENGINES.items()} == CHECKS
+    with pytest.raises(ValueError, match="unknown engine 'vllm'; expected one of hf, fast, fast_exact"):
+        bench.engine_class("vllm")
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
     rows = run_llm(tiny.resolved, [engine], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
                    out_dir=tmp_path, loaded=tiny)
@@ -449,7 +464,7 @@ def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_e
 
 
 def test_a_greedy_mismatch_is_reported_with_transformers_margin(tiny):
-    engine = FastEngine("fast_exact", tiny, 128, {**SMALL, "compile": False, "graphs": "off"}, Sampling.greedy(), [])
+    engine = ExactEngine(tiny, 128, {**SMALL, "compile": False, "graphs": "off"}, Sampling.greedy(), [])
     check, texts = checks.greedy_identity(engine, HfEngine(tiny), _chat_ids(tiny), 4)
     assert check.ok and texts["tokens"] == texts["hf_tokens"]
     hf = HfEngine(tiny)

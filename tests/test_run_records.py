@@ -46,7 +46,10 @@ def test_the_kernels_package_is_the_top_level_kernels_directory():
 
 def test_kernel_sources_per_implementation():
     assert kernel_sources("triton", "softmax", REPO) == [
-        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/softmax.py"]
+        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/aot.py", "kernels/triton/config.py",
+        "kernels/triton/softmax.py"]
+    assert kernel_sources("triton", "gelu", REPO) == [
+        "kernels/__init__.py", "kernels/triton/__init__.py", "kernels/triton/config.py", "kernels/triton/gelu.py"]
     assert all((REPO / p).is_file() for op in ("gelu", "softmax", "add") for p in kernel_sources("triton", op, REPO))
     assert kernel_sources("native", "gelu", REPO) == []
 
@@ -192,20 +195,18 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
 
 
 def test_a_jobs_wait_for_the_device_is_not_counted_as_its_work(tmp_path):
-    """Two device jobs run at once in a local run on a GPU; the one waiting for the device says so in its log
-    (gpulab.device.claim_device), and the critical path and the device jobs' sum leave that wait out."""
+    """Two device jobs run at once in a local run on a GPU; the one waiting for the device records its wait
+    (gpulab.device_lock), and the critical path and the device jobs' sum leave that wait out."""
     from types import SimpleNamespace
 
-    from gpulab.device import CLAIM_MESSAGE
     from gpulab.report.sections.methodology import _path_summary, step_times
 
     outputs = {"env": ["results/{target}/env/env.json"], "cell": ["results/{target}/bench/cells/{op}.csv"]}
     records = [{**record("env", "env", 10, []), "resources": {"gpu": 1}},
                {**record("cell_a", "cell", 20, ["results/t/env/env.json"], op="a"), "resources": {"gpu": 1}},
                {**record("cell_b", "cell", 32, ["results/t/env/env.json"], op="b"), "resources": {"gpu": 1}}]
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "cell_b.log").write_text("2026-11-25 01:00:00,000 INFO gpulab.device: "
-                                                  + CLAIM_MESSAGE % 18.0 + "\n")
+    (tmp_path / "device_waits").mkdir()
+    (tmp_path / "device_waits" / "cell_b.jsonl").write_text('{"pid": 7, "claimed_at": 1000.0, "waited_s": 18.0}\n')
     results = SimpleNamespace(targets=["t"], benchmarks=lambda target: records,
                               path=lambda target, rel: tmp_path / rel)
     times, paths = step_times(SimpleNamespace(results=results, config={"_workflow": {"rule_outputs": outputs}}))

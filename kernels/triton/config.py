@@ -20,9 +20,6 @@ from typing import Any
 
 import triton
 
-FAMILIES = ("nvidia", "cdna", "rdna")
-
-
 @dataclass(frozen=True)
 class Target:
     backend: str  # "cuda" | "hip" | "interpreter"
@@ -44,18 +41,24 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# Triton's backend of each of gpulab.device's GPU backends.
+TRITON_BACKENDS = {"cuda": "cuda", "rocm": "hip"}
+
+
 @functools.cache
 def current_target() -> Target:
-    """Backend and warp size of the active device; cached, as every launch asks and the device is fixed."""
+    """Backend and warp size of the active device, as gpulab.device detects it; cached, as every launch asks and the
+    device is fixed."""
     if interpreted():
         # The interpreter runs kernels on the CPU (used by the tests); lay them out as for NVIDIA.
         return Target(backend="interpreter", warp_size=32)
-    driver = triton.runtime.driver.active
-    target = driver.get_current_target()
-    arch = target.arch if isinstance(target.arch, str) else f"sm_{target.arch}"
-    units = int(driver.utils.get_device_properties(driver.get_current_device())["multiprocessor_count"])
-    return Target(backend=str(target.backend), warp_size=int(getattr(target, "warp_size", 32)), arch=arch,
-                  units=units)
+    from gpulab.device import detect
+
+    info = detect()
+    if not info.gpu_available:
+        raise RuntimeError(f"Triton kernels need a GPU or TRITON_INTERPRET=1: {info.reason}")
+    return Target(backend=TRITON_BACKENDS[info.backend], warp_size=info.warp_size, arch=info.arch or "",
+                  units=info.multiprocessor_count)
 
 
 # (BLOCK_SIZE, num_warps): 4 to 32 elements per thread; (512, 4) and (1024, 4) are PyTorch's and

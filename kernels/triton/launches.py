@@ -3,115 +3,34 @@ the LLM fast engine's decode kernels.
 
 ``gpulab.kernel_compile`` compiles these ahead of time for architectures that are not present. They are
 derived from the same functions the launchers call (``elementwise_shapes``, ``softmax.launch_choice``), so
-the table describes what runs. The signature models a typical launch: tensors 16-byte aligned, sizes and
-row strides multiples of 16 (Triton specialises on both), and on AMD tensors under 2 GiB (buffer
-loads) unless 64-bit offsets are needed.
+the table describes what runs; every op of the op registry (``gpulab.bench.ops``) with Triton kernels is in it.
+The signature models a typical launch: tensors 16-byte aligned, sizes and row strides multiples of 16 (Triton
+specialises on both), and on AMD tensors under 2 GiB (buffer loads) unless 64-bit offsets are needed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from types import ModuleType
 
-from .add import add_kernel
-from .config import Target, elementwise_shapes, needs_64bit_offsets, softmax_config
+from .aot import DTYPES, Launch, elementwise_launches
+from .config import Target, needs_64bit_offsets
 from .decode_attention import (
     decode_attention_combine_kernel,
     decode_attention_kernel,
     decode_rope_kernel,
     launch_constexprs,
 )
-from .gelu import gelu_kernel
 from .gemv import CONFIGS as GEMV_CONFIGS
 from .gemv import flags as gemv_flags
 from .gemv import gemv_kernel
-from .softmax import SoftmaxLaunch, launch_choice, softmax_kernel, softmax_looped_kernel, softmax_split_kernel
 
-DTYPES = {"fp32": ("fp32", 4), "fp16": ("fp16", 2), "bf16": ("bf16", 2)}
-# Softmax row widths covered: every power of two the fused kernel takes (16 .. max_fused_cols), then the widest
-# row of the benchmark's sizes for the split kernel (its chunk, hence its code, is the same for every SPLIT but
-# the partials' load), and the looped kernel's default block. Narrower rows are padded to 16 columns' worth of
-# layout anyway.
-SOFTMAX_MIN_COLS = 16
-SOFTMAX_SPLIT_COLS = 131072
-SOFTMAX_ROWS = 1 << 16  # enough rows that rows_per_program is never capped by the tensor's height
 # The LLM decode kernels at Qwen2.5-7B's shapes (28 query heads over 4 KV heads of 128, a 640-position cache), in
 # bf16: each product's fused form (Q/K/V: norm and bias; O and down: residual; gate/up: norm and activation) at
 # one tile config (the others differ in tile sizes only), and the attention pair.
 LLM_HEADS, LLM_KV_HEADS, LLM_HEAD_DIM, LLM_CACHE = 28, 4, 128, 640
 GEMV_FORMS = {"qkv": gemv_flags(bias=True, eps=1e-6), "o_down": gemv_flags(residual=True),
               "gate_up": gemv_flags(gated=True, eps=1e-6)}
-
-
-@dataclass(frozen=True)
-class Launch:
-    op: str  # the benchmark's op: gelu | softmax | add
-    kernel: Any  # the @triton.jit function
-    variant: str  # its launch parameters, e.g. "BLOCK_SIZE=2048 num_warps=16 OFFSETS_64=0"
-    dtype: str
-    signature: dict[str, str]
-    constexprs: dict[str, Any]
-    num_warps: int
-
-    def attrs(self, backend: str) -> dict[tuple[int, ...], list[list[Any]]]:
-        """Triton's specialisation attributes for the typical launch (see the module docstring)."""
-        names = list(self.signature)
-        small = not self.constexprs.get("OFFSETS_64", False)
-        attrs = {}
-        for i, name in enumerate(names):
-            kind = self.signature[name]
-            if kind == "constexpr":
-                continue
-            attr = [["tt.divisibility", 16]]
-            if kind.startswith("*") and backend == "hip" and small:
-                attr.append(["tt.pointer_range", 32])
-            attrs[(i,)] = attr
-        return attrs
-
-
-def _elementwise(op: str, kernel: Any, dtype: str, target: Target, offsets: tuple[bool, ...]) -> list[Launch]:
-    ty = DTYPES[dtype][0]
-    pointers = ("x_ptr", "y_ptr", "output_ptr") if op == "add" else ("x_ptr", "y_ptr")
-    launches = []
-    for block, warps in elementwise_shapes(target):
-        for wide in offsets:
-            signature = {p: f"*{ty}" for p in pointers} | {"n_elements": "i64" if wide else "i32"}
-            signature |= {"OFFSETS_64": "constexpr", "BLOCK_SIZE": "constexpr"}
-            launches.append(Launch(
-                op=op, kernel=kernel, variant=f"BLOCK_SIZE={block} num_warps={warps} OFFSETS_64={int(wide)}",
-                dtype=dtype, signature=signature, constexprs={"OFFSETS_64": wide, "BLOCK_SIZE": block},
-                num_warps=warps))
-    return launches
-
-
-def _softmax(dtype: str, target: Target) -> list[Launch]:
-    _, itemsize = DTYPES[dtype]
-    config = softmax_config(target)
-    widths = [SOFTMAX_MIN_COLS << k for k in range((config.max_fused_cols // SOFTMAX_MIN_COLS).bit_length())]
-    choices = [launch_choice(SOFTMAX_ROWS, width, itemsize, target) for width in [*widths, SOFTMAX_SPLIT_COLS]]
-    choices.append(launch_choice(SOFTMAX_ROWS, SOFTMAX_SPLIT_COLS, itemsize, target,
-                                 looped_block=config.looped_block(itemsize)))
-    launches = [_softmax_launch(choice, dtype) for choice in choices]
-    return list({(launch.kernel, launch.variant): launch for launch in launches}.values())
-
-
-def _softmax_launch(choice: SoftmaxLaunch, dtype: str) -> Launch:
-    ty = DTYPES[dtype][0]
-    pointers = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
-    strides = ("n_cols", "x_row_stride", "y_row_stride")
-    if choice.kernel == "split":
-        kernel, ints = softmax_split_kernel, strides
-        pointers |= {"ticket_ptr": "*i32", "count_ptr": "*i32", "max_ptr": "*fp32", "sum_ptr": "*fp32"}
-        constexprs = {"SPLIT": choice.split, "BLOCK_N": choice.block_n}
-    elif choice.kernel == "looped":
-        kernel, ints, constexprs = softmax_looped_kernel, strides, {"BLOCK_N": choice.block_n}
-    else:
-        kernel, ints = softmax_kernel, ("n_rows", *strides)
-        constexprs = {"BLOCK_M": choice.block_m, "BLOCK_N": choice.block_n}
-    signature = pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(constexprs, "constexpr")
-    variant = " ".join(f"{k}={v}" for k, v in constexprs.items()) + f" num_warps={choice.num_warps}"
-    return Launch(op="softmax", kernel=kernel, variant=variant, dtype=dtype, signature=signature,
-                  constexprs=constexprs, num_warps=choice.num_warps)
 
 
 def _llm_decode() -> list[Launch]:
@@ -140,16 +59,28 @@ def _llm_decode() -> list[Launch]:
     return out
 
 
-def launches(target: Target, dtypes: tuple[str, ...], vector_elements: tuple[int, ...]) -> list[Launch]:
-    """Every launch of gelu, softmax and add for ``target``'s family, per dtype, for elementwise tensors of
-    the given sizes (they decide whether the 64-bit-offset variant is launched)."""
+def op_launches(op: str, kernels: ModuleType, dtype: str, target: Target, offsets: tuple[bool, ...]) -> list[Launch]:
+    """The launches of one op's kernel module: its own ``aot_launches``, or those of its elementwise ``<op>_kernel``."""
+    if hasattr(kernels, "aot_launches"):
+        return kernels.aot_launches(dtype, target)
+    return elementwise_launches(op, getattr(kernels, f"{op}_kernel").fn, dtype, target, offsets)
+
+
+def launches(target: Target, dtypes: tuple[str, ...], vector_elements: tuple[int, ...],
+             kernels: Mapping[str, ModuleType] | None = None) -> list[Launch]:
+    """Every launch of the ops' Triton kernels (``kernels``, op -> kernel module; default: every registered op's)
+    for ``target``'s family, per dtype, for elementwise tensors of the given sizes (they decide whether the
+    64-bit-offset variant is launched)."""
     unknown = sorted(set(dtypes) - set(DTYPES))
     if unknown:
         raise ValueError(f"unknown dtype(s) {unknown}; Triton kernels are compiled for {sorted(DTYPES)}")
+    if kernels is None:
+        from gpulab.bench.ops import triton_kernels
+
+        kernels = triton_kernels()
     offsets = tuple(sorted({needs_64bit_offsets(n) for n in vector_elements}))
     out = []
     for dtype in dtypes:
-        out += _elementwise("gelu", gelu_kernel.fn, dtype, target, offsets)
-        out += _softmax(dtype, target)
-        out += _elementwise("add", add_kernel.fn, dtype, target, offsets)
+        for op, module in kernels.items():
+            out += op_launches(op, module, dtype, target, offsets)
     return out + _llm_decode()

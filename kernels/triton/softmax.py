@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from .aot import DTYPES, Launch
 from .config import Target, current_target, softmax_config
 
 # torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
@@ -290,3 +291,43 @@ def softmax(
             x, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
             num_warps=launch.num_warps)
     return y
+
+
+# Row widths the ahead-of-time compile covers (gpulab.kernel_compile): every power of two the fused kernel takes (16 ..
+# max_fused_cols), then the widest row of the benchmark's sizes for the split kernel (its chunk, hence its code, is
+# the same for every SPLIT but the partials' load), and the looped kernel's default block. Narrower rows are padded to
+# 16 columns' worth of layout anyway.
+AOT_MIN_COLS = 16
+AOT_SPLIT_COLS = 131072
+AOT_ROWS = 1 << 16  # enough rows that rows_per_program is never capped by the tensor's height
+
+
+def aot_launches(dtype: str, target: Target) -> list[Launch]:
+    """Every launch ``softmax`` makes on ``target``'s family for ``dtype``, one per kernel and launch variant."""
+    _, itemsize = DTYPES[dtype]
+    config = softmax_config(target)
+    widths = [AOT_MIN_COLS << k for k in range((config.max_fused_cols // AOT_MIN_COLS).bit_length())]
+    choices = [launch_choice(AOT_ROWS, width, itemsize, target) for width in [*widths, AOT_SPLIT_COLS]]
+    choices.append(launch_choice(AOT_ROWS, AOT_SPLIT_COLS, itemsize, target,
+                                 looped_block=config.looped_block(itemsize)))
+    launches = [_aot_launch(choice, dtype) for choice in choices]
+    return list({(launch.kernel, launch.variant): launch for launch in launches}.values())
+
+
+def _aot_launch(choice: SoftmaxLaunch, dtype: str) -> Launch:
+    ty = DTYPES[dtype][0]
+    pointers = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}"}
+    strides = ("n_cols", "x_row_stride", "y_row_stride")
+    if choice.kernel == "split":
+        kernel, ints = softmax_split_kernel, strides
+        pointers |= {"ticket_ptr": "*i32", "count_ptr": "*i32", "max_ptr": "*fp32", "sum_ptr": "*fp32"}
+        constexprs = {"SPLIT": choice.split, "BLOCK_N": choice.block_n}
+    elif choice.kernel == "looped":
+        kernel, ints, constexprs = softmax_looped_kernel, strides, {"BLOCK_N": choice.block_n}
+    else:
+        kernel, ints = softmax_kernel, ("n_rows", *strides)
+        constexprs = {"BLOCK_M": choice.block_m, "BLOCK_N": choice.block_n}
+    signature = pointers | dict.fromkeys(ints, "i32") | dict.fromkeys(constexprs, "constexpr")
+    variant = " ".join(f"{k}={v}" for k, v in constexprs.items()) + f" num_warps={choice.num_warps}"
+    return Launch(op="softmax", kernel=kernel, variant=variant, dtype=dtype, signature=signature,
+                  constexprs=constexprs, num_warps=choice.num_warps)

@@ -119,15 +119,19 @@ def ceiling_sizes(matrix: MatrixBytes, pattern: str, dtype: str, largest: int) -
     return sorted({*(int(b) for b in matrix.get(pattern, {}).get(dtype, ()) if b <= largest), int(largest)})
 
 
-def _triton_reason(info: DeviceInfo, target: str) -> str:
+def _triton_reason(info: DeviceInfo) -> str:
     """Why Triton cannot be a method here ('' when it can)."""
     if not info.gpu_available:
         return f"Triton needs a GPU ({info.reason}); CPU ceilings use the torch methods"
-    from gpulab.bench.impls import triton_unavailable
-    from gpulab.bench.registry import BenchContext
+    import importlib.util
 
-    tri = triton_unavailable(BenchContext(info, target))
-    return tri.reason if tri else ""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    try:
+        from gpulab.kernels.triton import ceiling  # noqa: F401
+    except Exception as exc:  # a broken Triton install is a recorded outcome, not a crash
+        return f"Triton kernels failed to import: {type(exc).__name__}: {exc}"
+    return ""
 
 
 def pattern_methods(pattern: str, triton_reason: str) -> dict[str, Builder | str]:
@@ -342,7 +346,7 @@ def measure_ceilings(
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
     copy_mib = config.get("copy_mib", "auto")
     fallback = max_tensor_bytes or bench_max_bytes(info)
-    triton_reason = _triton_reason(info, target)
+    triton_reason = _triton_reason(info)
     rows: list[dict[str, Any]] = []
     for pattern in MEMORY_PATTERNS:
         methods = pattern_methods(pattern, triton_reason)

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from gpulab.paths import CONFIG_SCHEMA
+from gpulab.schema import schema_file
 
 
 class ConfigError(ValueError):
@@ -28,8 +29,26 @@ class ConfigError(ValueError):
 
 
 def load_schema(path: Path = CONFIG_SCHEMA) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    """The schema with the names only the registries know filled in: the ops (gpulab.bench.ops), their
+    implementations (gpulab.bench.impls) and per-op sizes, and the LLM engines (gpulab.llm.engines)."""
+    from gpulab.bench.impls import IMPLS
+    from gpulab.bench.ops import OPS, size_schema
+    from gpulab.llm.engines import ENGINES
+
+    schema = copy.deepcopy(schema_file(path))
+    bench = schema["properties"]["bench"]["properties"]
+    _choices(bench["ops"], list(OPS))
+    _choices(bench["impls"], list(IMPLS))
+    per_op = next(branch for branch in bench["sizes"]["oneOf"] if branch.get("type") == "object")
+    per_op["properties"] = {name: size_schema(spec) for name, spec in OPS.items()}
+    _choices(schema["properties"]["llm"]["properties"]["engines"], list(ENGINES))
+    return schema
+
+
+def _choices(node: dict[str, Any], names: list[str]) -> None:
+    """A list setting whose items are registered names, all of them by default."""
+    node["items"] = {"type": "string", "enum": names}
+    node["default"] = names
 
 
 def _key_path(parts: Iterator[Any]) -> str:

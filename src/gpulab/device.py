@@ -7,20 +7,14 @@ re-derives any of this: they call :func:`detect`.
 
 from __future__ import annotations
 
-import datetime as dt
-import fcntl
 import functools
-import logging
-import math
 import os
 import re
-import tempfile
-import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from gpulab.logs import JOB_LOG_VAR, LOG_FORMAT
+from gpulab.device_lock import claim_armed, claim_device
 
 Backend = Literal["rocm", "cuda", "cpu"]
 
@@ -215,9 +209,10 @@ def gpu_driver_present(nodes: tuple[str, ...] = GPU_DRIVER_NODES) -> bool:
 @functools.cache
 def detect() -> DeviceInfo:
     """Detect once per process; every step calls this. In a job that holds the ``gpu`` resource of a local run,
-    the first detection of a GPU also claims the device (:func:`claim_device`): the job's device work starts here."""
+    the first detection of a GPU also claims the device (:mod:`gpulab.device_lock`): the job's device work starts
+    here."""
     info = _detect_uncached()
-    if info.gpu_available and _CLAIM["armed"]:
+    if info.gpu_available and claim_armed():
         claim_device()
     return info
 
@@ -226,82 +221,6 @@ def probe() -> DeviceInfo:
     """The device as :func:`detect` sees it, without claiming it: for a build that only needs its architecture,
     so that the compiler runs while another job measures."""
     return _detect_uncached()
-
-
-# A local run on a machine with a GPU lets three device jobs start at once (common.smk): one measures while the
-# others start Python, import PyTorch, transformers or pandas and run their compilers (5-25 s a job on the H100
-# host, none of it on the device). This lock keeps their device work one at a time: a job takes it when it first
-# detects the GPU and keeps it until it exits. The Snakefile names the file (DEVICE_LOCK_VAR); gpulab.step
-# arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs never wait; a job's child process claims
-# only when asked to (``--claim-device``, while its parent does not hold the device: claims_for_helpers).
-DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
-_CLAIM: dict[str, object] = {"armed": False, "file": None}
-# The line a claim leaves in the job's log; the report reads the waits back (device_wait_s). A job's child process
-# (a fresh interpreter it runs for one measurement) writes its line to the job's log too (JOB_LOG_VAR).
-CLAIM_MESSAGE = "device claimed after waiting %.2f s for the measurements of another job"
-_CLAIM_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
-                         + re.escape(CLAIM_MESSAGE.split("%")[0]) + r"([0-9.]+) s", re.M)
-
-
-def device_lock_path(environ: Mapping[str, str] | None = None) -> str:
-    """The lock of this user's runs on the devices this process sees (one per CUDA/HIP_VISIBLE_DEVICES value):
-    two runs on one GPU do not measure at once either, runs pinned to different GPUs do not wait for each other."""
-    env = os.environ if environ is None else environ
-    visible = "-".join(env.get(name, "all") for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"))
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", visible)
-    return os.path.join(tempfile.gettempdir(), f"gpulab-device-{os.getuid()}-{safe}.lock")
-
-
-def arm_device_claim() -> None:
-    """Make this process's first detection of a GPU claim the device (a job holding the ``gpu`` resource)."""
-    _CLAIM["armed"] = True
-
-
-def claim_device(path: str | None = None) -> float | None:
-    """Wait until no other job holds the device lock, then hold it until this process exits; returns the seconds
-    waited (logged as CLAIM_MESSAGE), or None where there is no lock (cluster runs, CPU-only machines) or this
-    process holds it already."""
-    path = path or os.environ.get(DEVICE_LOCK_VAR)
-    if not path or _CLAIM["file"] is not None:
-        return None
-    start = time.monotonic()
-    handle = open(path, "a")  # noqa: SIM115 - held open, and so locked, as long as the process
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    _CLAIM["file"] = handle
-    waited = time.monotonic() - start
-    _log_claim(waited)
-    return waited
-
-
-def claims_for_helpers() -> bool:
-    """Whether a child process this one starts should claim the device itself: not while this process holds it
-    (the child would wait for its own parent)."""
-    return _CLAIM["file"] is None
-
-
-def _log_claim(waited: float) -> None:
-    if logging.getLogger().handlers or not os.environ.get(JOB_LOG_VAR):
-        logging.getLogger(__name__).info(CLAIM_MESSAGE, waited)
-        return
-    # A child process of the job: the job's log line, in the job's format, with the child's pid.
-    record = logging.makeLogRecord({"name": f"{__name__} (pid {os.getpid()})", "levelname": "INFO",
-                                    "msg": CLAIM_MESSAGE, "args": (waited,)})
-    with open(os.environ[JOB_LOG_VAR], "a", encoding="utf-8") as log:
-        log.write(logging.Formatter(LOG_FORMAT).format(record) + "\n")
-
-
-def device_wait_s(log_text: str) -> float:
-    """Seconds a job waited for the device, from its log's claim lines: the union of the waits, as a job's child
-    processes may wait at once (0 where it never waited: no lock, or no GPU)."""
-    spans = []
-    for stamp, waited in _CLAIM_LINE.findall(log_text):
-        end = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        spans.append((end - float(waited), end))
-    total, reach = 0.0, -math.inf
-    for begin, end in sorted(spans):
-        total += max(0.0, end - max(begin, reach))
-        reach = max(reach, end)
-    return total
 
 
 def synchronize(device: DeviceInfo | str | None = None) -> None:

@@ -11,19 +11,17 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, cpu_model_name, detect
 from gpulab.tables import Column, TableSchema, write_atomic
+from gpulab.tools import ToolResult, run_tool
 
 # Keys of env.json that identify the software/hardware; the rest (time, host) describe the capture. The
 # configuration is not among them: it is recorded per step (each job's params in its benchmark record) and in
@@ -40,63 +38,6 @@ TRACKED_PACKAGES = (
     "snakemake",
     "gpulab",
 )
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """One external tool run: what was run, how it ended, and what it said."""
-
-    tool: str
-    argv: tuple[str, ...]
-    status: str  # ok | skipped | failed
-    exit_status: int | None
-    reason: str
-    stdout: str
-    stderr: str
-
-    def summary(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("stdout")
-        out.pop("stderr")
-        out["argv"] = " ".join(self.argv)
-        return out
-
-
-def run_tool(
-    tool: str, argv: Sequence[str], timeout_s: float = 120, env: Mapping[str, str] | None = None
-) -> ToolResult:
-    """Run an external tool; a missing binary is ``skipped``, a non-zero exit or time-out ``failed``."""
-    argv = tuple(argv)
-    exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
-    if exe is None or not Path(exe).exists():
-        return ToolResult(tool, argv, "skipped", None, f"{argv[0]} not found on PATH", "", "")
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            errors="replace",
-            env={**os.environ, **(env or {})},
-        )
-    except subprocess.TimeoutExpired as exc:
-        return ToolResult(
-            tool, argv, "failed", None, f"timed out after {timeout_s:g} s", _text(exc.stdout), _text(exc.stderr)
-        )
-    except OSError as exc:
-        return ToolResult(tool, argv, "failed", None, f"could not start: {exc}", "", "")
-    if proc.returncode != 0:
-        first = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:300]
-        return ToolResult(
-            tool, argv, "failed", proc.returncode, f"exit status {proc.returncode}: {first}", proc.stdout, proc.stderr
-        )
-    return ToolResult(tool, argv, "ok", 0, "", proc.stdout, proc.stderr)
-
-
-def _text(value: str | bytes | None) -> str:
-    if value is None:
-        return ""
-    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def package_versions(names: Sequence[str] = TRACKED_PACKAGES) -> dict[str, str | None]:

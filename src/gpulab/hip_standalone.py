@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.device import DeviceInfo, detect, offload_archs, probe
-from gpulab.env_capture import ToolResult, run_tool
-from gpulab.paths import KERNELS_DIR, default_cache_root
+from gpulab.paths import HIP_PROGRAM, PACKAGE_DIR, default_cache_root
 from gpulab.tables import Column, TableSchema, write_atomic
 from gpulab.timing import TimingSettings, summarize
+from gpulab.tools import ToolResult, run_tool
 
-SOURCE = KERNELS_DIR / "hip" / "vector_add.hip"
-HEADERS = (KERNELS_DIR / "hip" / "hip_compat.h",)
+SOURCE = PACKAGE_DIR / HIP_PROGRAM
 BYTES_PER_ELEMENT = 3 * 4  # two float32 reads and one write
 # Debian's hipcc wraps clang and needs to be told the platform; real ROCm installs accept it too.
 HIPCC_ENV = {"HIP_PLATFORM": "amd"}

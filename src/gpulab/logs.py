@@ -8,16 +8,12 @@ import sys
 from pathlib import Path
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-# The job's log, for its child processes (fresh interpreters whose output goes to the job, not to the log).
-JOB_LOG_VAR = "GPULAB_JOB_LOG"
 
 
 def to_log(path: str | os.PathLike[str]) -> None:
     """Redirect this process's stdout and stderr (file descriptors too, so compilers and other child
     processes land in the log) to ``path`` and configure logging to write there."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    # The job's child processes (fresh interpreters it runs) append their device claims here (gpulab.device).
-    os.environ[JOB_LOG_VAR] = os.path.abspath(path)
     log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
     sys.stdout.flush()
     sys.stderr.flush()

@@ -14,12 +14,21 @@ from pathlib import Path
 PACKAGE_DIR = Path(str(resources.files("gpulab")))
 CONFIG_SCHEMA = PACKAGE_DIR / "schemas" / "config.schema.yaml"
 KERNELS_DIR = PACKAGE_DIR / "kernels"
+# The HIP translation units, relative to the package (and to the checkout, whose kernels/ the package links): the
+# standalone program, and the extension's device code as hipcc compiles it for every AMD architecture
+# (gpulab.kernel_compile.hipcc). The headers beside a unit are part of it.
+HIP_PROGRAM = "kernels/hip/vector_add.hip"
+HIP_SOURCES = (HIP_PROGRAM, "kernels/ext/ops_kernels_hip.hip")
 CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
 
 
 def kernel_relpath(path: str | Path) -> str:
-    """A kernel file as ``kernels/<sub>/<file>``, the same whether the package is a checkout or installed."""
-    return str(Path("kernels") / Path(path).resolve().relative_to(KERNELS_DIR.resolve()))
+    """A kernel file as ``kernels/<sub>/<file>``, the same whether the package is a checkout or installed; a kernel
+    file of an op registered from outside the package (gpulab.bench.ops.register_op) as its own path."""
+    resolved = Path(path).resolve()
+    if not resolved.is_relative_to(KERNELS_DIR.resolve()):
+        return str(resolved)
+    return str(Path("kernels") / resolved.relative_to(KERNELS_DIR.resolve()))
 
 
 def default_cache_root() -> Path:

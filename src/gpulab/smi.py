@@ -7,8 +7,11 @@ outputs of real machines (tests/fixtures/).
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
+
+from gpulab.tools import run_tool
 
 
 def _first(card: dict[str, str], *names: str) -> str | None:
@@ -182,10 +185,6 @@ def gpu_state(backend: str, timeout_s: float = 10) -> dict[str, Any]:
 
     Never raises: without a GPU or the tool, ``{"available": False, "reason": ...}``.
     """
-    import os
-
-    from gpulab.env_capture import run_tool
-
     if backend == "cuda":
         tool = run_tool("nvidia-smi", ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_QUERY)}",
                                        "--format=csv,noheader,nounits"], timeout_s)

@@ -4,7 +4,7 @@ A step's library code is the closure of the ``gpulab`` modules its script import
 imports inside functions), found by reading the import statements, never by importing them: the Snakefile
 stays quick to parse. The Triton kernels are the package ``gpulab.kernels``, read from the top-level
 ``kernels/`` directory (``src/gpulab/kernels`` links to it); a benchmark cell depends on its own implementation's kernel
-module only (:data:`KERNEL_MODULES`). Data files a step reads are listed per
+module only (:func:`kernel_sources`). Data files a step reads are listed per
 script in :data:`DATA_SOURCES`. Paths are relative to the repository root; the workflow makes them relative to
 its working directory, so a moved checkout reruns nothing.
 """
@@ -15,28 +15,26 @@ import re
 from functools import cache
 from pathlib import Path
 
+from gpulab.paths import HIP_PROGRAM
+
 PACKAGE = "gpulab"
 # Where each package's modules live, relative to the checkout: src/gpulab/kernels links to the top-level kernels/,
 # and a step's kernel files are named by their real place. The longest matching name wins.
 PACKAGE_DIRS = {"gpulab": "src/gpulab", "gpulab.kernels": "kernels"}
 KERNELS_PACKAGE = "gpulab.kernels"
 
-# Per benchmark implementation: the kernel module of an op's cell, whose import closure is the cell's kernel
-# files. cpp_ext cells depend on the extension through the build step's manifest, an input of their rule.
-KERNEL_MODULES = {"triton": "gpulab.kernels.triton.{op}"}
 # The implementation registry imports each op's kernel inside the function that runs it; the closure does not
-# follow those imports, since a cell's kernel files are inputs per job (KERNEL_MODULES): editing one op's kernel
+# follow those imports, since a cell's kernel files are inputs per job (kernel_sources): editing one op's kernel
 # reruns that op's cells only, not every step that imports the registry for its availability checks.
 PER_JOB_KERNEL_IMPORTS = ("src/gpulab/bench/impls.py",)
 
-HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/hip/hip_compat.h")
 EXTENSION_SOURCES = (
     "kernels/ext/ops.cpp", "kernels/ext/ops_cuda.cu", "kernels/ext/ops_common.h", "kernels/ext/ops_kernels.cuh",
 )
 
 # Files other than Python modules that a step's script reads, by script name.
 DATA_SOURCES = {
-    "build_hip_standalone.py": HIP_SOURCES,
+    "build_hip_standalone.py": (HIP_PROGRAM, "kernels/hip/*.h"),
     "build_extension.py": EXTENSION_SOURCES,
     # Every Triton kernel; the HIP sources and their headers come from gpulab.kernel_compile.hipcc (kernels.smk).
     "kernels_compile.py": ("kernels/triton/*.py",),
@@ -121,10 +119,15 @@ def step_sources(script: str, repo: Path) -> list[str]:
 
 def kernel_sources(impl: str, op: str, repo: Path) -> list[str]:
     """Repository-relative kernel files of one benchmark implementation of one op: what importing its kernel
-    module runs under kernels/ (the module, its packages' ``__init__`` and their imports)."""
-    if impl not in KERNEL_MODULES:
+    module (the op registry's, gpulab.bench.ops) runs under kernels/ (the module, its packages' ``__init__`` and
+    their imports). cpp_ext cells depend on the extension through the build step's manifest, an input of their
+    rule."""
+    from gpulab.bench.ops import OPS
+
+    module = OPS[op].triton_module if impl == "triton" and op in OPS else None
+    if module is None:
         return []
-    parts = KERNEL_MODULES[impl].format(op=op).split(".")
+    parts = module.split(".")
     packages = [".".join(parts[:d]) for d in range(1, len(parts) + 1)]
     start = tuple((f, m if f.name == "__init__.py" else m.rpartition(".")[0])
                   for m in packages if (f := _module_file(m, repo)) is not None)

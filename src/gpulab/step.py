@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from gpulab.cluster import apply_target_env
-from gpulab.device import arm_device_claim
+from gpulab.device_lock import arm_device_claim, start_waits_record
 from gpulab.logs import to_log
 from gpulab.paths import compiler_cache_env
 
@@ -72,7 +72,7 @@ def use_compiler_caches(environ: MutableMapping[str, str] | None = None) -> dict
 
 def start_inductor() -> None:
     """Import torch.compile's Inductor (1.6 s on the CI machine), which the first compile would otherwise import
-    after the job claimed the device (gpulab.device). Its compile workers still start at that compile, under the
+    after the job claimed the device (gpulab.device_lock). Its compile workers still start at that compile, under the
     claim: 16 fresh interpreters importing PyTorch at once would take the host's cores from another job's
     measurements. Only where a GPU driver is: on a CPU the imports are what its compiles would do anyway."""
     from gpulab.device import gpu_driver_present
@@ -85,6 +85,7 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
     """Log to the rule's log, point the compilers at the persistent caches, export the target's environment
     (jobs with a ``target`` wildcard), run ``main``."""
     to_log(snakemake.log[0])
+    start_waits_record(snakemake.log[0])
     # when the job's script began, before PyTorch's import: the log's later lines show what startup cost
     logging.getLogger(__name__).info("job of rule %s started", getattr(snakemake, "rule", "?"))
     use_compiler_caches()
@@ -97,7 +98,7 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
 
 
 def holds_gpu(snakemake: Any) -> bool:
-    """Whether the job holds the ``gpu`` resource (its first look at a GPU then claims the device: device.py)."""
+    """Whether the job holds the ``gpu`` resource (its first look at a GPU then claims the device: device_lock.py)."""
     try:
         return int(getattr(getattr(snakemake, "resources", None), "gpu", 0) or 0) > 0
     except (TypeError, ValueError):

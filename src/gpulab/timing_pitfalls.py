@@ -20,10 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpulab.device import DeviceInfo, arm_device_claim, claims_for_helpers, detect, probe
-from gpulab.env_capture import run_tool
+from gpulab.device import DeviceInfo, detect, probe
+from gpulab.device_lock import arm_device_claim, child_should_claim
 from gpulab.tables import Column, TableSchema
 from gpulab.timing import TimingSettings, measure
+from gpulab.tools import run_tool
 
 TUTORIAL_SIZE = 1024 * 1024 * 10  # the tutorial's "1000万个元素" (10 Mi float32 elements)
 BYTES_PER_ELEMENT = 3 * 4
@@ -122,7 +123,7 @@ def run_pitfalls(target: str, fingerprint: str, timing: TimingSettings, *, manif
                 for i in ("cpp_ext", "native")]
     rows = []
     orders = (("tutorial", False), ("tutorial_reversed", True))
-    claim = device is None and claims_for_helpers()
+    claim = device is None and child_should_claim()
     with ThreadPoolExecutor(max_workers=len(orders)) as pool:
         readings = list(pool.map(lambda o: _tutorial_in_subprocess(manifest, o[1], size, timeout_s, claim), orders))
     if device is None:

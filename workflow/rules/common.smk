@@ -4,7 +4,8 @@ from pathlib import Path
 
 from gpulab.cluster import device_job_resources
 from gpulab.config import run_targets
-from gpulab.device import DEVICE_LOCK_VAR, device_lock_path, gpu_driver_present
+from gpulab.device import gpu_driver_present
+from gpulab.device_lock import DEVICE_LOCK_VAR, device_lock_path
 from gpulab.jobenv import mark_serial_run, prepare
 from gpulab.sources import kernel_sources, step_sources
 
@@ -77,7 +78,7 @@ gpu_resources = device_job_resources(config)
 LOCAL_RUN = workflow.nodes is None
 # A local run has one device: the jobs that use it (`resources: gpu`) measure one at a time whatever --cores says,
 # CPU-only jobs (compiles, the tiny model, aggregates, the report) beside them; `--resources gpu=N` overrides.
-# With a GPU, three such jobs run at once and the device lock (gpulab.device.claim_device) orders their device
+# With a GPU, three such jobs run at once and the device lock (gpulab.device_lock) orders their device
 # work: one measures while the others start Python and their libraries and run their compilers (three: after the
 # environment capture, the HIP program's and the extension's builds and the ceilings' imports all overlap). Without
 # one the device jobs measure the CPU on every core (DEVICE_THREADS), so one at a time. Never on a cluster, where

@@ -18,11 +18,15 @@ rule tune_fast:
         expand(result("tune/fast.csv"), target=TARGETS),
 
 
-# One job per op: each fits a device call of its own, and an edit of one kernel's config reruns all three
-# (every op's candidates come from kernels/triton/config.py).
+# One job per op: each fits a device call of its own; an edit of one op's kernel reruns its job, one of
+# kernels/triton/config.py all of them (every op's candidates come from it).
 rule tune_triton_op:
     input:
         src=sources("tune_triton_op.py"),
+        # This op's Triton kernel files (its kernel module in the op registry, and what that imports).
+        kernels=lambda w: _from_workdir(
+            kernel_sources("triton", w.op, Path(workflow.basedir))
+        ),
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
     output:

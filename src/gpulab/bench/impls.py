@@ -1,9 +1,10 @@
-"""The five implementations of every op, registered once each.
+"""The five implementations every op of the registry (:mod:`gpulab.bench.ops`) has, each derived from its entry.
 
 ``manual``: the study's unfused PyTorch (one kernel per operator); ``native``: PyTorch's fused op (the
-baseline); ``cpp_ext``: the hand-written HIP/CUDA C++ extension (``torch.ops.gpulab``, built by the
-extension step); ``triton``: the kernels in ``kernels/triton``; ``torch_compile``: ``torch.compile`` of
-``manual``.
+baseline); ``cpp_ext``: the hand-written HIP/CUDA C++ extension (``torch.ops.gpulab.<ext_op>``, built by the
+extension step); ``triton``: the op's Triton kernel module (``kernels/triton/<op>.py``, its wrapper ``<op>``);
+``torch_compile``: ``torch.compile`` of ``manual``. An op without an extension op or Triton kernels records those
+cells as skipped.
 """
 
 from __future__ import annotations
@@ -14,40 +15,49 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulab.bench.ops import OPS, manual_add, manual_gelu, manual_softmax
-from gpulab.bench.registry import BenchContext, Case, Unavailable, register
+from gpulab.bench.ops import op_spec
+from gpulab.bench.registry import REGISTRY, BenchContext, Case, Unavailable, register_kind
 
 if TYPE_CHECKING:
     import torch
 
 Closure = Callable[[], "torch.Tensor"]
-EXTENSION_OPS = {op: spec.ext_op for op, spec in OPS.items()}
-MANUAL = {op: spec.manual for op, spec in OPS.items()}
+
+
+def _bind(fn: Callable[..., torch.Tensor], args: Sequence[Any]) -> Closure:
+    """The closure the benchmark times: ``fn`` applied to the case's tensors."""
+    args = tuple(args)
+    return lambda: fn(*args)
 
 
 # ---------------------------------------------------------------- availability
 
 
-def triton_unavailable(ctx: BenchContext) -> Unavailable | None:
-    if "triton" in ctx.cache:
-        return ctx.cache["triton"]
+def triton_unavailable(ctx: BenchContext, op: str) -> Unavailable | None:
+    """Why the op's Triton kernels cannot run here: none written, no Triton, no GPU, or a module that fails to
+    import (cached per op)."""
+    key = f"triton:{op}"
+    if key in ctx.cache:
+        return ctx.cache[key]
     reason: Unavailable | None = None
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if importlib.util.find_spec("triton") is None:
+    spec = op_spec(op)
+    if spec.triton_module is None:
+        reason = Unavailable(f"{op} has no Triton kernels")
+    elif importlib.util.find_spec("triton") is None:
         reason = Unavailable("Triton is not installed")
     elif not ctx.info.gpu_available and not interpreted:
         reason = Unavailable(f"Triton needs a GPU driver: {ctx.info.reason}")
     else:
         try:
-            for op in ("gelu", "softmax", "add"):
-                importlib.import_module(f"gpulab.kernels.triton.{op}")
+            spec.triton_kernels()
         except Exception as exc:  # a broken Triton install is a recorded outcome, not a crash
             reason = Unavailable(f"Triton kernels failed to import: {type(exc).__name__}: {exc}", "failed")
-    ctx.cache["triton"] = reason
+    ctx.cache[key] = reason
     return reason
 
 
-def compile_unavailable(ctx: BenchContext) -> Unavailable | None:
+def compile_unavailable(ctx: BenchContext, op: str) -> Unavailable | None:
     if "torch_compile" in ctx.cache:
         return ctx.cache["torch_compile"]
     reason: Unavailable | None = None
@@ -66,15 +76,23 @@ def compile_unavailable(ctx: BenchContext) -> Unavailable | None:
     return reason
 
 
-def extension_unavailable(ctx: BenchContext) -> Unavailable | None:
+def extension_unavailable(ctx: BenchContext, op: str) -> Unavailable | None:
     """The C++ extension this job loaded from its manifest; its outcome decides every cpp_ext row."""
-    if "cpp_ext" in ctx.cache:
+    ext_op = op_spec(op).ext_op
+    if ext_op is None:
+        return Unavailable(f"the C++ extension has no {op} op")
+    if "cpp_ext" not in ctx.cache:
+        ctx.cache["cpp_ext"] = _load_extension()
+    if ctx.cache["cpp_ext"] is not None:
         return ctx.cache["cpp_ext"]
-    ctx.cache["cpp_ext"] = reason = _load_extension(ctx)
-    return reason
+    import torch
+
+    if not hasattr(torch.ops.gpulab, ext_op):
+        return Unavailable(f"the extension loaded but does not define torch.ops.gpulab.{ext_op}", "failed")
+    return None
 
 
-def _load_extension(ctx: BenchContext) -> Unavailable | None:
+def _load_extension() -> Unavailable | None:
     # The job's script loaded the library its rule's manifest names (gpulab.build.load_from_manifest).
     from gpulab.build import manifest_outcome
 
@@ -82,12 +100,6 @@ def _load_extension(ctx: BenchContext) -> Unavailable | None:
     if loaded.status != "ok":
         reason = loaded.reason or f"the extension step reported {loaded.status}"
         return Unavailable(f"extension not usable: {reason}", "skipped" if loaded.status == "skipped" else "failed")
-    import torch
-
-    missing = [name for name in EXTENSION_OPS.values() if not hasattr(torch.ops.gpulab, name)]
-    if missing:
-        return Unavailable(f"the extension loaded but does not define torch.ops.gpulab.{', '.join(missing)}",
-                           "failed")
     return None
 
 
@@ -118,141 +130,49 @@ def compiled_manual(case: Case) -> Callable[..., torch.Tensor]:
                 setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
         if hasattr(config, "fail_on_recompile_limit_hit"):
             config.fail_on_recompile_limit_hit = True
-        _compiled[key] = torch.compile(MANUAL[case.op], dynamic=False)
+        _compiled[key] = torch.compile(op_spec(case.op).manual, dynamic=False)
     return _compiled[key]
 
 
-# ---------------------------------------------------------------- gelu
+# ---------------------------------------------------------------- the five kinds
 
 
-@register("gelu", "manual")
-def gelu_manual(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """Unfused tanh GeLU: one PyTorch kernel per operator (the study's manual_gelu)."""
-    (x,) = inputs
-    return lambda: manual_gelu(x)
+@register_kind("manual")
+def manual(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
+    """The study's unfused PyTorch: one kernel per operator (the op's ``manual``)."""
+    return _bind(op_spec(case.op).manual, inputs)
 
 
-@register("gelu", "native")
-def gelu_native(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.nn.functional.gelu(approximate="tanh"): PyTorch's fused kernel."""
-    import torch.nn.functional as F
-
-    (x,) = inputs
-    return lambda: F.gelu(x, approximate="tanh")
+@register_kind("native")
+def native(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
+    """PyTorch's fused op (the op's ``native``): the baseline."""
+    return _bind(op_spec(case.op).native(), inputs)
 
 
-@register("gelu", "cpp_ext", availability=extension_unavailable)
-def gelu_cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.ops.gpulab.gelu_tanh from the HIP/CUDA C++ extension."""
+@register_kind("cpp_ext", availability=extension_unavailable)
+def cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
+    """torch.ops.gpulab.<ext_op> from the HIP/CUDA C++ extension."""
     import torch
 
-    op = torch.ops.gpulab.gelu_tanh
-    (x,) = inputs
-    return lambda: op(x)
+    return _bind(getattr(torch.ops.gpulab, str(op_spec(case.op).ext_op)), inputs)
 
 
-@register("gelu", "triton", writes_out=True, availability=triton_unavailable)
-def gelu_triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """kernels/triton/gelu.py."""
-    from gpulab.kernels.triton.gelu import gelu
-
-    (x,) = inputs
-    return lambda: gelu(x, out)
+@register_kind("triton", writes_out=True, availability=triton_unavailable)
+def triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
+    """The wrapper ``<op>(*inputs, out)`` of the op's Triton kernel module."""
+    return _bind(triton_launcher(case.op), [*inputs, out])
 
 
-@register("gelu", "torch_compile", availability=compile_unavailable)
-def gelu_compile(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.compile of the manual GeLU."""
-    fn = compiled_manual(case)
-    (x,) = inputs
-    return lambda: fn(x)
+@register_kind("torch_compile", availability=compile_unavailable)
+def torch_compile(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
+    """torch.compile of the op's manual version."""
+    return _bind(compiled_manual(case), inputs)
 
 
-# ---------------------------------------------------------------- softmax
+def triton_launcher(op: str) -> Callable[..., torch.Tensor]:
+    """The op's Triton wrapper, ``<op>(*inputs, out=None, **launch)``."""
+    return getattr(op_spec(op).triton_kernels(), op)
 
 
-@register("softmax", "manual")
-def softmax_manual(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """Five-pass row softmax (max, subtract, exp, sum, divide), as in the study."""
-    (x,) = inputs
-    return lambda: manual_softmax(x)
-
-
-@register("softmax", "native")
-def softmax_native(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.softmax(x, dim=-1)."""
-    import torch
-
-    (x,) = inputs
-    return lambda: torch.softmax(x, dim=-1)
-
-
-@register("softmax", "cpp_ext", availability=extension_unavailable)
-def softmax_cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.ops.gpulab.softmax_rows from the HIP/CUDA C++ extension."""
-    import torch
-
-    op = torch.ops.gpulab.softmax_rows
-    (x,) = inputs
-    return lambda: op(x)
-
-
-@register("softmax", "triton", writes_out=True, availability=triton_unavailable)
-def softmax_triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """kernels/triton/softmax.py (fused rows; rows wider than a program split over several programs)."""
-    from gpulab.kernels.triton.softmax import softmax
-
-    (x,) = inputs
-    return lambda: softmax(x, out)
-
-
-@register("softmax", "torch_compile", availability=compile_unavailable)
-def softmax_compile(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.compile of the manual softmax."""
-    fn = compiled_manual(case)
-    (x,) = inputs
-    return lambda: fn(x)
-
-
-# ---------------------------------------------------------------- add
-
-
-@register("add", "manual")
-def add_manual(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """Unfused add: copy one operand, then accumulate the other in place (two passes)."""
-    a, b = inputs
-    return lambda: manual_add(a, b)
-
-
-@register("add", "native")
-def add_native(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """a + b."""
-    a, b = inputs
-    return lambda: a + b
-
-
-@register("add", "cpp_ext", availability=extension_unavailable)
-def add_cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.ops.gpulab.vector_add from the HIP/CUDA C++ extension (the study's custom_add)."""
-    import torch
-
-    op = torch.ops.gpulab.vector_add
-    a, b = inputs
-    return lambda: op(a, b)
-
-
-@register("add", "triton", writes_out=True, availability=triton_unavailable)
-def add_triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """kernels/triton/add.py."""
-    from gpulab.kernels.triton.add import add
-
-    a, b = inputs
-    return lambda: add(a, b, out)
-
-
-@register("add", "torch_compile", availability=compile_unavailable)
-def add_compile(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
-    """torch.compile of the manual add (which fuses its two passes into one)."""
-    fn = compiled_manual(case)
-    a, b = inputs
-    return lambda: fn(a, b)
+# The implementation kinds, in registration order (the config's ``bench.impls``).
+IMPLS = tuple(REGISTRY.kinds())

@@ -1,5 +1,12 @@
-"""The one definition of each benchmarked op: formula, float64 reference, fewest bytes, access pattern,
-extension op name, how its inputs are drawn, and the correctness check every gate uses.
+"""The op registry: the one definition of each benchmarked op, which every step, the ahead-of-time compile table,
+the tuning sweep, the config schema and the report ask.
+
+An op is one :class:`OpSpec` given to :func:`register_op`: formula, float64 reference, the study's unfused
+PyTorch (``manual``, also what ``torch.compile`` compiles), PyTorch's fused op (``native``), fewest bytes, access
+pattern, extension op name, its Triton kernel module, how its inputs are drawn and the report's title and goal.
+Every implementation (``gpulab.bench.impls``) is derived from it, so a new op is its entry here and its kernel
+files: ``kernels/triton/<op>.py`` in the style of the Triton tutorials (``<op>_kernel`` with ``*_ptr``
+arguments, and the wrapper ``<op>(*inputs, out=None, **launch)``).
 
 ``bytes_moved`` is the fewest bytes an implementation must move through device memory (each input
 read once, the output written once); achieved GB/s and the percentage of the pattern's ceiling are
@@ -17,9 +24,13 @@ Other steps use this module instead of writing the formulas again::
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
+import operator
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -62,31 +73,75 @@ def manual_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _reference(name: str, xs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The op in float64 on float64 inputs."""
+def softmax_rows(x: torch.Tensor) -> torch.Tensor:
     import torch
 
-    if name == "gelu":
-        return gelu_tanh(xs[0])
-    if name == "softmax":
-        return torch.softmax(xs[0], dim=-1)
-    if name == "add":
-        return xs[0] + xs[1]
-    raise KeyError(name)  # pragma: no cover - OPS is closed
+    return torch.softmax(x, dim=-1)
+
+
+def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+def native_gelu() -> Callable[..., torch.Tensor]:
+    import torch.nn.functional as F
+
+    return functools.partial(F.gelu, approximate="tanh")
+
+
+def native_softmax() -> Callable[..., torch.Tensor]:
+    import torch
+
+    return functools.partial(torch.softmax, dim=-1)
+
+
+def native_add() -> Callable[..., torch.Tensor]:
+    return operator.add
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A performance goal of an op's Triton and C++ kernels (set for an H100): ``pct`` of the pattern's measured
+    ceiling at the named shapes and dtypes, or, where none are named, at input tensors of ``min_bytes`` and more;
+    and at most GOAL_SLOWDOWN slower than the best of native and torch_compile (gpulab.report.sections.bench)."""
+
+    pct: float
+    shapes: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    min_bytes: int = 256 * 2**20
+
+
+# Where an op's Triton kernels live unless its entry names another module (its wrapper is the module's <op>).
+TRITON_KERNELS = "gpulab.kernels.triton.{op}"
 
 
 @dataclass(frozen=True)
 class OpSpec:
     name: str
+    title: str  # how the report names it
     formula: str
     pattern: str  # memory-access pattern of its ceiling: copy (1 read, 1 write) | add (2 reads, 1 write)
-    ext_op: str  # torch.ops.gpulab.<ext_op> in the C++ extension
     n_inputs: int
     ndim: int  # rank of the shapes this op takes (1: vector length; 2: rows x cols)
     bytes_per_element: int  # element-sized transfers the op must make: inputs read + output written
     flops_per_element: int  # counting tanh and exp as one each
     input_scale: float  # inputs are randn * scale: covers GeLU's saturation and realistic logits
-    manual: Callable[..., torch.Tensor]
+    exact: Callable[..., torch.Tensor]  # the op on float64 inputs: the reference
+    manual: Callable[..., torch.Tensor]  # the study's unfused PyTorch (torch_compile compiles it)
+    native: Callable[[], Callable[..., torch.Tensor]]  # PyTorch's fused op, looked up outside the timed call
+    ext_op: str | None = None  # torch.ops.gpulab.<ext_op> in the C++ extension, if it has the op
+    triton: str | None = TRITON_KERNELS  # its Triton kernel module ({op}: the op's name), if it has one
+    goal: Goal | None = None
+
+    @property
+    def triton_module(self) -> str | None:
+        return self.triton.format(op=self.name) if self.triton else None
+
+    def triton_kernels(self) -> ModuleType:
+        """The op's Triton kernel module (imports Triton)."""
+        if not self.triton_module:
+            raise ValueError(f"op {self.name!r} has no Triton kernels")
+        return importlib.import_module(self.triton_module)
 
     def numel(self, shape: Shape) -> int:
         return math.prod(shape)
@@ -121,25 +176,53 @@ class OpSpec:
         step = max(1, chunk_elems // row_elems)
         for start in range(0, rows, step):
             part = slice(start, min(rows, start + step))
-            yield part, _reference(self.name, [t[part].double() for t in inputs])
+            yield part, self.exact(*(t[part].double() for t in inputs))
 
     def reference(self, *inputs: torch.Tensor) -> torch.Tensor:
         """float64 reference of the op on (the float64 values of) ``inputs``."""
-        return _reference(self.name, [t.double() for t in inputs])
+        return self.exact(*(t.double() for t in inputs))
 
     def label(self, shape: Shape) -> str:
         return "x".join(str(s) for s in shape)
 
 
-OPS: dict[str, OpSpec] = {
-    "gelu": OpSpec("gelu", f"0.5 x (1 + tanh({GELU_C1} (x + {GELU_C2} x^3)))", "copy", "gelu_tanh", n_inputs=1,
-                   ndim=1, bytes_per_element=2, flops_per_element=9, input_scale=2.0, manual=manual_gelu),
-    "softmax": OpSpec("softmax", "exp(x - max(x)) / sum(exp(x - max(x))) over each row", "copy", "softmax_rows",
-                      n_inputs=1, ndim=2, bytes_per_element=2, flops_per_element=5, input_scale=3.0,
-                      manual=manual_softmax),
-    "add": OpSpec("add", "a + b", "add", "vector_add", n_inputs=2, ndim=1, bytes_per_element=3, flops_per_element=1,
-                  input_scale=1.0, manual=manual_add),
-}
+OPS: dict[str, OpSpec] = {}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    """Add an op to the registry: the matrix, the compile table, the tuning sweep, the config and the report
+    then know it."""
+    if spec.name in OPS:
+        raise ValueError(f"op {spec.name!r} is already registered")
+    OPS[spec.name] = spec
+    return spec
+
+
+register_op(OpSpec(
+    "gelu", "GeLU (tanh approximation)", f"0.5 x (1 + tanh({GELU_C1} (x + {GELU_C2} x^3)))", "copy", n_inputs=1,
+    ndim=1, bytes_per_element=2, flops_per_element=9, input_scale=2.0, exact=gelu_tanh, manual=manual_gelu,
+    native=native_gelu, ext_op="gelu_tanh", goal=Goal(90.0)))
+register_op(OpSpec(
+    "softmax", "Softmax over the rows of a 2-D tensor", "exp(x - max(x)) / sum(exp(x - max(x))) over each row",
+    "copy", n_inputs=1, ndim=2, bytes_per_element=2, flops_per_element=5, input_scale=3.0, exact=softmax_rows,
+    manual=manual_softmax, native=native_softmax, ext_op="softmax_rows",
+    goal=Goal(85.0, shapes=("16384x1024", "4096x16384", "65536x256"), dtypes=("fp32", "bf16"))))
+register_op(OpSpec(
+    "add", "Vector add", "a + b", "add", n_inputs=2, ndim=1, bytes_per_element=3, flops_per_element=1,
+    input_scale=1.0, exact=add, manual=manual_add, native=native_add, ext_op="vector_add", goal=Goal(90.0)))
+
+
+def triton_kernels() -> dict[str, ModuleType]:
+    """Every registered op's Triton kernel module, by op (imports Triton)."""
+    return {name: spec.triton_kernels() for name, spec in OPS.items() if spec.triton_module}
+
+
+def size_schema(spec: OpSpec) -> dict[str, Any]:
+    """The config schema of one op's ``bench.sizes`` list: element counts, or [rows, cols] pairs."""
+    count = {"$ref": "#/$defs/positive_int"}
+    item = count if spec.ndim == 1 else {"type": "array", "minItems": spec.ndim, "maxItems": spec.ndim,
+                                         "items": count}
+    return {"type": "array", "minItems": 1, "items": item}
 
 
 def op_spec(name: str) -> OpSpec:
@@ -154,7 +237,8 @@ def by_ext_op(ext_op: str) -> OpSpec:
     for spec in OPS.values():
         if spec.ext_op == ext_op:
             return spec
-    raise ValueError(f"no op is torch.ops.gpulab.{ext_op}; expected one of {', '.join(s.ext_op for s in OPS.values())}")
+    known = ", ".join(s.ext_op for s in OPS.values() if s.ext_op)
+    raise ValueError(f"no op is torch.ops.gpulab.{ext_op}; expected one of {known}")
 
 
 def parse_shape(op: str, value: int | Sequence[int] | str) -> Shape:
@@ -180,9 +264,9 @@ def parse_shape(op: str, value: int | Sequence[int] | str) -> Shape:
 
 
 def _schema_tolerances() -> dict[str, float]:
-    from gpulab.config import load_schema
+    from gpulab.schema import schema_file
 
-    props = load_schema()["properties"]["bench"]["properties"]["tolerances"]["properties"]
+    props = schema_file()["properties"]["bench"]["properties"]["tolerances"]["properties"]
     return {dtype: float(spec["default"]) for dtype, spec in props.items()}
 
 

@@ -1,4 +1,5 @@
-"""One registry of implementations per op: adding an implementation is one decorated function.
+"""The implementations of the ops: each a decorated factory returning a zero-argument closure, so that only the
+op's launch is timed.
 
 A factory takes a :class:`Case` and the case's input tensors (already on the device) and returns a
 zero-argument closure that runs the op once and returns its output. Everything that is not the op
@@ -6,14 +7,19 @@ itself (compilation wrappers, extension loading, output allocation for ``out=`` 
 the factory, outside the timed region. ``out`` is a preallocated output the closure must write into,
 or None: implementations registered with ``writes_out=True`` receive the correctness gate's poisoned
 buffer there.
+
+An implementation is registered for one op (``register``) or, derived from the op registry's entry, for every
+op (``register_kind``: the five of :mod:`gpulab.bench.impls`); the op-specific one wins.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gpulab.bench.ops import OPS
 from gpulab.device import DeviceInfo
 
 if TYPE_CHECKING:
@@ -22,6 +28,8 @@ if TYPE_CHECKING:
 Factory = Callable[["Case", Sequence["torch.Tensor"], "torch.Tensor | None"], Callable[[], "torch.Tensor"]]
 # Why an implementation cannot run in this context, or None when it can.
 Availability = Callable[["BenchContext"], "Unavailable | None"]
+# The same for an implementation of every op, told which op it is asked about.
+OpAvailability = Callable[["BenchContext", str], "Unavailable | None"]
 
 BASELINE = "native"
 
@@ -74,33 +82,59 @@ class Impl:
 class Registry:
     def __init__(self) -> None:
         self._impls: dict[tuple[str, str], Impl] = {}
+        self._kinds: dict[str, tuple[Impl, OpAvailability | None]] = {}
 
     def register(
         self, op: str, name: str, *, writes_out: bool = False, availability: Availability | None = None
     ) -> Callable[[Factory], Factory]:
+        """An implementation of one op."""
         def decorate(factory: Factory) -> Factory:
             key = (op, name)
             if key in self._impls:
                 raise ValueError(f"implementation {name!r} of {op!r} is already registered")
-            doc = (factory.__doc__ or "").strip().splitlines()
-            self._impls[key] = Impl(op, name, factory, writes_out, availability, doc[0] if doc else "")
+            self._impls[key] = Impl(op, name, factory, writes_out, availability, _first_line(factory))
+            return factory
+
+        return decorate
+
+    def register_kind(
+        self, name: str, *, writes_out: bool = False, availability: OpAvailability | None = None
+    ) -> Callable[[Factory], Factory]:
+        """An implementation of every registered op, built from the op's entry (``case.op``)."""
+        def decorate(factory: Factory) -> Factory:
+            if name in self._kinds:
+                raise ValueError(f"implementation kind {name!r} is already registered")
+            self._kinds[name] = (Impl("", name, factory, writes_out, None, _first_line(factory)), availability)
             return factory
 
         return decorate
 
     def get(self, op: str, name: str) -> Impl:
-        try:
+        if (op, name) in self._impls:
             return self._impls[(op, name)]
-        except KeyError:
-            known = ", ".join(self.impls(op)) or "none"
-            raise KeyError(f"no implementation {name!r} of op {op!r} is registered (known: {known})") from None
+        if name in self._kinds and op in OPS:
+            impl, availability = self._kinds[name]
+            return replace(impl, op=op, availability=functools.partial(availability, op=op) if availability else None)
+        known = ", ".join(self.impls(op)) or "none"
+        raise KeyError(f"no implementation {name!r} of op {op!r} is registered (known: {known})")
 
     def impls(self, op: str) -> list[str]:
-        return [name for (o, name) in self._impls if o == op]
+        kinds = list(self._kinds) if op in OPS else []
+        return list(dict.fromkeys([*kinds, *(name for (o, name) in self._impls if o == op)]))
+
+    def kinds(self) -> list[str]:
+        """The implementations every op has."""
+        return list(self._kinds)
 
     def __contains__(self, key: tuple[str, str]) -> bool:
-        return key in self._impls
+        return key in self._impls or (key[1] in self._kinds and key[0] in OPS)
+
+
+def _first_line(factory: Factory) -> str:
+    doc = (factory.__doc__ or "").strip().splitlines()
+    return doc[0] if doc else ""
 
 
 REGISTRY = Registry()
 register = REGISTRY.register
+register_kind = REGISTRY.register_kind

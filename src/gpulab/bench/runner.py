@@ -413,7 +413,6 @@ def run_cell(
     ceilings: Ceilings | None = None,
     registry: Registry = REGISTRY,
     tolerances: Mapping[str, float] | None = None,
-    deadline: float | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """All cases of one (op, implementation): one row per shape x dtype.
@@ -422,8 +421,7 @@ def run_cell(
     smaller groups), so each case's blocks are spread over the whole group's time. A change of the
     machine's state that outlasts one measurement (seen on shared CPUs: 30-60% for seconds) then shows
     as spread between blocks, which the run-vs-run comparison sees, instead of as a shift of a whole
-    measurement that it cannot tell from a real change. ``deadline`` (a ``time.monotonic()`` value)
-    turns the groups not started by then into ``skipped`` rows saying so, for runs under a time budget.
+    measurement that it cannot tell from a real change.
     """
     from tqdm import tqdm
 
@@ -436,10 +434,6 @@ def run_cell(
     numbered = [(i, case, 1000 * i + 17) for i, case in enumerate(cases) if i not in rows]
     for group in tqdm(_groups(numbered, settings, ctx.info), desc=f"{op}/{impl_name}", disable=not progress,
                       mininterval=5):
-        if deadline is not None and time.monotonic() > deadline:
-            rows.update({i: {"status": "skipped", "reason": "the run's time budget was spent before this case",
-                             "tolerance": tolerance_for(case.dtype, tolerances)} for i, case, _ in group})
-            continue
         try:
             rows.update(_time_group(group, ctx, settings, registry, tolerances,
                                     span_s=float(settings.for_device(ctx.info).min_span_s)))

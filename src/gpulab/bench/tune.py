@@ -6,8 +6,8 @@ the running device family (elementwise: the family's autotune list, ``kernels/tr
 ``softmax.launch_candidates`` around ``launch_choice``) becomes an implementation pinned to that launch and goes
 through the bench's own case runner (:func:`gpulab.bench.runner.run_case`): the op definition's correctness
 gate, :func:`gpulab.timing.measure`, the ceiling at the row's own size. Each row says whether it is the launch
-the benchmark makes (``picked``: what the autotuner chose in the benchmark's own unpinned call, or
-``launch_choice``'s) and whether it is the fastest of its case. Without Triton or a GPU each case is one
+the benchmark makes (``picked``: what the autotuner chose in the benchmark's own unpinned call, or the kernel
+module's ``launch_choice``) and whether it is the fastest of its case. Without Triton or a GPU each case is one
 ``skipped`` row with the reason the bench cells give.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.bench.impls import triton_unavailable
+from gpulab.bench.impls import triton_launcher
 from gpulab.bench.ops import op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
 from gpulab.bench.runner import BENCH, case_rows_base, run_case
@@ -46,52 +46,39 @@ TUNE_TRITON = TableSchema(
     measured=True,
 )
 
-Launcher = Callable[..., Any]
-
-
-def _launcher(op: str) -> Launcher:
-    from gpulab.kernels.triton.add import add
-    from gpulab.kernels.triton.gelu import gelu
-    from gpulab.kernels.triton.softmax import softmax
-
-    return {"gelu": gelu, "add": add, "softmax": softmax}[op]
-
-
 def candidates(case: Case) -> list[tuple[str, dict[str, Any]]]:
-    """(label, the launcher's keyword arguments) of every launch of the running family for one case."""
+    """(label, the launcher's keyword arguments) of every launch of the running family for one case: the kernel
+    module's own ``launch_candidates`` (softmax), else its family's elementwise list."""
     from gpulab.kernels.triton.config import current_target, elementwise_label, elementwise_shapes
-    from gpulab.kernels.triton.softmax import launch_candidates
 
-    if case.op == "softmax":
-        rows, cols = case.shape
-        return [(c.label, c.overrides()) for c in launch_candidates(rows, cols, ITEMSIZE[case.dtype],
-                                                                    current_target())]
+    kernels = op_spec(case.op).triton_kernels()
+    if hasattr(kernels, "launch_candidates"):
+        return [(c.label, c.overrides()) for c in kernels.launch_candidates(*case.shape, ITEMSIZE[case.dtype],
+                                                                            current_target())]
     return [(elementwise_label(b, w), {"block_size": b, "num_warps": w}) for b, w in elementwise_shapes()]
 
 
 def picked(case: Case) -> str:
-    """The label of the launch the benchmark makes for ``case``. Elementwise kernels autotune in their first
-    unpinned call per size and dtype: the benchmark's own closure runs once, then the choice is read back."""
+    """The label of the launch the benchmark makes for ``case``: the kernel module's ``launch_choice`` (softmax),
+    or, for an elementwise kernel, its autotuner's pick in its first unpinned call per size and dtype (the
+    benchmark's own closure runs once, then the choice is read back)."""
     from gpulab.kernels.triton.config import current_target, elementwise_label, launched_shape
 
-    if case.op == "softmax":
-        from gpulab.kernels.triton.softmax import launch_choice
-
-        rows, cols = case.shape
-        return launch_choice(rows, cols, ITEMSIZE[case.dtype], current_target()).label
-    from gpulab.kernels.triton.add import add_kernel
-    from gpulab.kernels.triton.gelu import gelu_kernel
-
-    inputs = op_spec(case.op).make_inputs(case.shape, torch_dtype(case.dtype), case.device, seed=0)
+    spec = op_spec(case.op)
+    kernels = spec.triton_kernels()
+    if hasattr(kernels, "launch_choice"):
+        return kernels.launch_choice(*case.shape, ITEMSIZE[case.dtype], current_target()).label
+    inputs = spec.make_inputs(case.shape, torch_dtype(case.dtype), case.device, seed=0)
     REGISTRY.get(case.op, "triton").factory(case, inputs, None)()
-    return elementwise_label(*launched_shape(gelu_kernel if case.op == "gelu" else add_kernel))
+    return elementwise_label(*launched_shape(getattr(kernels, f"{case.op}_kernel")))
 
 
 def pinned(op: str, overrides: Mapping[str, Any]) -> Registry:
     """A registry whose ``triton`` implementation of ``op`` always makes one launch."""
-    registry, launcher = Registry(), _launcher(op)
+    registry, launcher = Registry(), triton_launcher(op)
+    triton = REGISTRY.get(op, "triton")
 
-    @registry.register(op, "triton", writes_out=True, availability=triton_unavailable)
+    @registry.register(op, "triton", writes_out=True, availability=triton.availability)
     def launch(case: Case, inputs: Any, out: Any) -> Callable[[], Any]:
         return lambda: launcher(*inputs, out, **overrides)
 
@@ -128,7 +115,7 @@ def tune_op(op: str, shapes: Iterable[tuple[int, ...]], dtypes: Iterable[str], s
             ctx: BenchContext, fingerprint: str, *, ceilings: Ceilings | None = None,
             tolerances: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """All cases of one op: every candidate's row, or one row per case saying why Triton cannot run here."""
-    unavailable = triton_unavailable(ctx)
+    unavailable = REGISTRY.get(op, "triton").unavailable(ctx)
     rows: list[dict[str, Any]] = []
     cases = [Case(op, "triton", tuple(s), d, ctx.info.torch_device) for s in shapes for d in dtypes]
     for i, case in enumerate(cases):

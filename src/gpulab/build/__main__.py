@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if loaded.status != "failed" else 1
     loaded.raise_for_status()
     if args.claim_device:
-        from gpulab.device import claim_device
+        from gpulab.device_lock import claim_device
 
         claim_device()
     for name in args.case:

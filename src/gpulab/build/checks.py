@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.bench.ops import GELU_C2
-from gpulab.device import DeviceInfo, claims_for_helpers, detect, probe
-from gpulab.env_capture import run_tool
+from gpulab.device import DeviceInfo, detect, probe
+from gpulab.device_lock import child_should_claim
 from gpulab.tables import Column, TableSchema
+from gpulab.tools import run_tool
 
 EXTENSION_CHECKS = TableSchema(
     "extension_checks",
@@ -306,7 +307,7 @@ def check_bad_inputs(target: str, fingerprint: str, manifest: Path, device: Devi
     fresh process claims the device itself (gpulab.device): call this before this process claims it."""
     info = device or probe()
     runnable = [c.name for c in cases if info.gpu_available or not c.needs_gpu]
-    claim = device is None and claims_for_helpers()
+    claim = device is None and child_should_claim()
     got = _cases_in_subprocess(manifest, runnable, info.torch_device, timeout_s, claim) if runnable else {}
     return [{"target": target, "fingerprint": fingerprint, **_bad_input_row(c, got.get(c.name), info)}
             for c in cases]

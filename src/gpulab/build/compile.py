@@ -22,12 +22,11 @@ from typing import Any
 
 from gpulab.build.plan import SOURCE_DIR, BuildSpec, plan_build
 from gpulab.device import DeviceInfo
-from gpulab.env_capture import run_tool
 from gpulab.tables import write_atomic
+from gpulab.tools import run_tool
 
 MARKER_FILE = "build.json"
 LOG_FILE = "build.log"
-OP_NAMES = ("vector_add", "gelu_tanh", "softmax_rows")
 ERROR_LINE = re.compile(r"(\berror\b|\bError\b|undefined reference|fatal)", re.IGNORECASE)
 
 

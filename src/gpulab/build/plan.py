@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from gpulab.device import DeviceInfo, detect, offload_archs
-from gpulab.env_capture import run_tool
 from gpulab.paths import KERNELS_DIR, default_cache_root
+from gpulab.tools import run_tool
 
 SOURCE_DIR = KERNELS_DIR / "ext"
 CPU_SOURCES = ("ops.cpp",)

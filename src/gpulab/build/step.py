@@ -17,8 +17,8 @@ from gpulab.build.compile import ExtensionBuildError, ExtensionLoad, build
 from gpulab.build.manifest import write_manifest
 from gpulab.build.plan import DEFAULT_EXTRA_CFLAGS, SOURCE_DIR
 from gpulab.device import DeviceInfo, probe
-from gpulab.env_capture import run_tool
 from gpulab.tables import Column, TableSchema, write_atomic
+from gpulab.tools import run_tool
 
 EXTENSION = TableSchema(
     "extension",

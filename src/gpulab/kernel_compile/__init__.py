@@ -9,9 +9,8 @@ size and compile seconds. One job per architecture (``compile_arch``), then ``ag
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -25,8 +24,8 @@ KERNEL_RESOURCES = TableSchema(
         Column("backend", "str", "hip | cuda"),
         Column("compiler", "str", "triton <version> | hipcc (clang <version>)"),
         Column("source", "str", "source file, relative to the repository"),
-        Column("op", "str", "the op the kernel implements: gelu | softmax | add, or llm_decode (the fast LLM "
-               "engine's decode step)"),
+        Column("op", "str", "the op the kernel implements (gpulab.bench.ops: gelu | softmax | add), or llm_decode "
+               "(the fast LLM engine's decode step)"),
         Column("kernel", "str", "kernel function"),
         Column("variant", "str", "launch configuration (Triton constants and num_warps) or compiler flags"),
         Column("dtype", "str", "fp32 | fp16 | bf16 (element type of the tensors)"),
@@ -60,6 +59,3 @@ def aggregate(paths: Sequence[str | Path]) -> pd.DataFrame:
     table = pd.concat(frames, ignore_index=True)[KERNEL_RESOURCES.names]
     return KERNEL_RESOURCES.frame(table.astype(object).where(table.notna(), None).to_dict("records"))
 
-
-def rows_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    return KERNEL_RESOURCES.frame(rows)

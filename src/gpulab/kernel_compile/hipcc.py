@@ -13,20 +13,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpulab.bench.ops import OPS
 from gpulab.kernel_compile.archs import Arch
 from gpulab.kernel_compile.resources import amdgcn_kernels, demangle
-from gpulab.paths import PACKAGE_DIR, kernel_relpath
+from gpulab.paths import HIP_SOURCES, PACKAGE_DIR, kernel_relpath
 
-# The HIP translation units compiled for every AMD architecture (paths relative to the package).
-# Add a file here and it is compiled and tabled; its directory's headers are part of its cache key.
-HIP_SOURCES = ("kernels/hip/vector_add.hip", "kernels/ext/ops_kernels_hip.hip")
 HIPCC_FLAGS = ("-O3", "-std=c++17", "--cuda-device-only", "-S")
-OPS = ("softmax", "gelu", "add")  # the benchmark op a kernel belongs to, found in its name
 DTYPES = (("bfloat16", "bf16"), ("__half", "fp16"), ("half", "fp16"), ("c10::Half", "fp16"), ("float", "fp32"))
 MAX_MESSAGE = 2000
 
 
 def hip_sources() -> list[Path]:
+    """The HIP translation units (gpulab.paths.HIP_SOURCES), each compiled and tabled for every AMD arch; its
+    directory's headers are part of its cache key."""
     return [PACKAGE_DIR / s for s in HIP_SOURCES]
 
 
@@ -104,7 +103,7 @@ def _kernel_row(symbol: str, figures: dict[str, Any], seconds: float) -> dict[st
     name = demangle(symbol)
     short = re.sub(r"^void\s+", "", name.split("(", 1)[0])  # gpulab::kernels::softmax_warp_kernel<float, 32>
     lower = name.lower()
-    op = next((o for o in OPS if o in short.lower()), "")
+    op = next((o for o in sorted(OPS, key=len, reverse=True) if o in short.lower()), "")  # longest name first
     dtype = next((d for token, d in DTYPES if token.lower() in lower), "")
     figures = {k: v for k, v in figures.items() if k != "compiler_waves_per_simd"}
     # Occupancy at the kernel's launch bound (the largest workgroup it may be launched with).

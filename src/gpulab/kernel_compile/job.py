@@ -25,14 +25,15 @@ def default_cache_dir() -> Path:
 
 
 def vector_elements(sizes: Any) -> tuple[int, ...]:
-    """Element counts the benchmark launches gelu/add at on a GPU: its auto sizes, plus configured ones."""
-    from gpulab.bench.ops import op_spec, parse_shape
+    """Element counts the benchmark launches its vector ops (gelu, add) at on a GPU: its auto sizes, plus configured
+    ones."""
+    from gpulab.bench.ops import OPS, parse_shape
     from gpulab.bench.sizes import GPU_VECTOR
 
     counts = set(GPU_VECTOR)
     if isinstance(sizes, dict):
-        for op in ("gelu", "add"):
-            counts |= {op_spec(op).numel(parse_shape(op, value)) for value in sizes.get(op, [])}
+        for op in (name for name, spec in OPS.items() if spec.ndim == 1):
+            counts |= {OPS[op].numel(parse_shape(op, value)) for value in sizes.get(op, [])}
     return tuple(sorted(counts))
 
 

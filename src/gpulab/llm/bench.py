@@ -21,7 +21,7 @@ import torch
 
 from gpulab.device import DeviceInfo, detect
 from gpulab.llm import checks, figures, profile, study
-from gpulab.llm.engines import FastEngine, HfEngine
+from gpulab.llm.engines import HfEngine, engine_class, engines_described
 from gpulab.llm.models import LoadedModel, ResolvedModel, import_transformers, load_model, model_slug
 from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
 from gpulab.llm.roofline import Ceiling
@@ -37,8 +37,7 @@ LLM = TableSchema(
     (
         Column("model", "str", "the spec as configured: tiny, random:<id>, a modelscope id or a directory"),
         Column("model_source", "str", "real | random | tiny: whose weights the row measured"),
-        Column("engine", "str", "hf: transformers generate | fast: one device graph per decode step, rounding "
-               "checked by teacher forcing | fast_exact: bit-identical to transformers, per-layer graphs"),
+        Column("engine", "str", engines_described()),
         Column("test", "str", "study | pp<N> | ttft<N> | tg<N> | greedy<N> | teacher<N> (llama-bench's names)"),
         Column("engine_detail", "str", "how the engine ran (versions, compilation, graphs, numerics)"),
         Column("graph_mode", "str", "device graphs as the engine ran them (llm.graphs; a failed capture: why)"),
@@ -81,9 +80,9 @@ LLM = TableSchema(
 
 def llm_defaults() -> dict[str, Any]:
     """The ``llm`` section's defaults from the config schema (usable without jsonschema)."""
-    from gpulab.config import load_schema
+    from gpulab.schema import schema_file
 
-    props = load_schema()["properties"]["llm"]["properties"]
+    props = schema_file()["properties"]["llm"]["properties"]
     return {key: spec["default"] for key, spec in props.items() if "default" in spec}
 
 
@@ -142,22 +141,15 @@ def _eos_ids(model: Any) -> list[int]:
 
 
 def _make_engine(name: str, loaded: LoadedModel, job: Job, prompts: dict[str, Any]) -> Any:
-    if name == "hf":
-        return HfEngine(loaded)
     sampling = Sampling.study(loaded.model.generation_config, job.cfg["temperature"], job.cfg["top_p"])
     capacity = job.sizes.kv_capacity(int(prompts["chat"].shape[1]))
-    return FastEngine(name, loaded, capacity, dict(job.cfg), sampling, _eos_ids(loaded.model))
+    return engine_class(name).create(loaded, capacity, job.cfg, sampling, _eos_ids(loaded.model))
 
 
 def _check(engine: Any, loaded: LoadedModel, job: Job, prompts: dict[str, Any], texts: dict[str, Any]
            ) -> checks.Check | None:
-    hf = HfEngine(loaded)
-    if engine.name == "fast_exact":
-        check, texts["greedy"] = checks.greedy_identity(engine, hf, prompts["chat"], job.sizes.check_tokens)
-        return check
-    if engine.name == "fast":
-        return checks.teacher_forcing(engine, hf, prompts["teacher"], float(job.cfg["teacher_tolerance"]))
-    return None
+    """The engine's own correctness check against transformers (none for hf, the reference)."""
+    return engine.check(HfEngine(loaded), prompts, job.cfg, job.sizes.check_tokens, texts)
 
 
 def run_engine(name: str, loaded: LoadedModel, job: Job
@@ -223,7 +215,7 @@ def _engine_columns(engine: Any, loaded: LoadedModel, job: Job, bench: figures.B
     model = loaded.model
     decoder = getattr(engine, "decoder", None)
     kernels = attention_kernels(model.config, job.sizes.prompt_tokens, job.info.torch_device,
-                                model.lm_head.weight.dtype, decoder.max_len if engine.name == "fast" else None)
+                                model.lm_head.weight.dtype, engine.decode_cache_len)
     return {**job.base, "engine": engine.name, "engine_detail": engine.detail, "graph_mode": engine.graph_mode,
             "attn_impl": str(model.config._attn_implementation), "sdpa_kernel": kernels, "load_s": loaded.load_s,
             "mem_counter": bench.memory.counter, "weight_bytes": loaded.weight_bytes,
@@ -262,7 +254,7 @@ def load(job: Job) -> tuple[LoadedModel | None, tuple[str, str] | None]:
 
 def _outcome_rows(job: Job, engine: str, status: str, reason: str) -> list[dict[str, Any]]:
     s = job.sizes
-    check = {"fast": [f"teacher{s.teacher_tokens}"], "fast_exact": [f"greedy{s.check_tokens}"]}.get(engine, [])
+    check = engine_class(engine).check_tests(s.check_tokens, s.teacher_tokens)
     tests = [*check, f"pp{s.prompt_tokens}", f"ttft{s.prompt_tokens}", f"tg{s.gen_tokens}", "study"]
     return [{**job.base, "engine": engine, "test": t, "status": status, "reason": reason} for t in tests]
 

@@ -1,26 +1,47 @@
-"""The engines behind one small protocol: ``hf`` (transformers' ``generate``, the study's call and the
-reference), ``fast`` (:mod:`gpulab.llm.fast`) and ``fast_exact`` (:mod:`gpulab.llm.exact`)."""
+"""The engine registry: ``hf`` (transformers' ``generate``, the study's call and the reference), ``fast``
+(:mod:`gpulab.llm.fast`) and ``fast_exact`` (:mod:`gpulab.llm.exact`), behind one small protocol.
+
+:data:`ENGINES` maps each name to its class; the class carries the engine's properties (its one-line summary,
+the correctness check its times wait for, how it is built), so the LLM step, the tuning sweep, the config and
+the report ask the registry instead of the engine's name. Importing this module does not import PyTorch (the
+config's schema lists the engines).
+"""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import torch
-
-from gpulab.llm.graphs import GraphSettings
-from gpulab.llm.models import LoadedModel
-from gpulab.llm.qwen2 import split_kv_available
 from gpulab.llm.study import Sampling
 
-ENGINES = ("hf", "fast", "fast_exact")
+if TYPE_CHECKING:
+    import torch
+
+    from gpulab.llm.checks import Check
+    from gpulab.llm.graphs import GraphSettings
+    from gpulab.llm.models import LoadedModel
 
 
 class Engine(Protocol):
     name: str
+    summary: str
     detail: str
     graph_mode: str
+
+    @classmethod
+    def create(cls, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any], study: Sampling,
+               eos_ids: list[int]) -> Engine: ...
+
+    @staticmethod
+    def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]: ...
+
+    def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
+              texts: dict[str, Any]) -> Check | None: ...
+
+    @property
+    def decode_cache_len(self) -> int | None: ...
 
     def prefill(self, ids: torch.Tensor) -> None: ...
 
@@ -31,10 +52,23 @@ class Engine(Protocol):
     def decode_run(self, ids: torch.Tensor, n: int) -> Callable[[], Any]: ...
 
 
+def _no_grad(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.no_grad()`` around a method, PyTorch imported at the call."""
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return method(*args, **kwargs)
+
+    return wrapped
+
+
 class HfEngine:
     """transformers' ``generate``, called as the study calls it (the baseline)."""
 
-    name = "hf"
+    name: ClassVar[str] = "hf"
+    summary: ClassVar[str] = "transformers' generate as the study calls it (the baseline and reference)"
     graph_mode = "none (eager PyTorch)"
 
     def __init__(self, loaded: LoadedModel) -> None:
@@ -43,15 +77,36 @@ class HfEngine:
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.detail = f"transformers {transformers.__version__} generate, dynamic cache, eager PyTorch"
 
-    @torch.no_grad()
+    @classmethod
+    def create(cls, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any], study: Sampling,
+               eos_ids: list[int]) -> HfEngine:
+        return cls(loaded)
+
+    @staticmethod
+    def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
+        """The correctness check's test names (none: it is the reference)."""
+        return []
+
+    def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
+              texts: dict[str, Any]) -> Check | None:
+        return None
+
+    @property
+    def decode_cache_len(self) -> int | None:
+        """Its decode attention's fixed cache length (None: transformers' attention over the tokens so far)."""
+        return None
+
+    @_no_grad
     def prefill(self, ids: torch.Tensor) -> None:
         self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
 
     def first_token(self, ids: torch.Tensor) -> int:
         return self.generate(ids, 1, Sampling.greedy(), stop_at_eos=False)[0]
 
-    @torch.no_grad()
+    @_no_grad
     def generate(self, ids: torch.Tensor, n: int, sampling: Sampling, stop_at_eos: bool) -> list[int]:
+        import torch
+
         if stop_at_eos:  # the study's call, argument for argument (no attention mask, pad = eos), merged
             # over the model's generation config exactly as the study's was
             out = self.model.generate(ids, max_new_tokens=n, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -65,7 +120,7 @@ class HfEngine:
         """``n`` greedy tokens after a one-token prompt: ``n`` one-token forward passes (the prefill is one)."""
         return lambda: self.generate(ids, n, Sampling.greedy(), stop_at_eos=False)
 
-    @torch.no_grad()
+    @_no_grad
     def logits(self, ids: torch.Tensor, split: int | None = None) -> torch.Tensor:
         """float32 logits at every position of ``ids`` (1-D): one forward pass, or (the teacher-forcing
         reference) the first ``split`` positions as a prefill and then one step per token with its cache,
@@ -77,25 +132,29 @@ class HfEngine:
             out = self.model(input_ids=ids[position:position + 1].view(1, 1), past_key_values=cache, use_cache=True)
             logits.append(out.logits[0].float())
             cache = out.past_key_values
+        import torch
+
         return torch.cat(logits)
 
 
 class FastEngine:
-    """A static-cache decoder (``fast`` or ``fast_exact``) over the loaded weights, compiled and captured up
-    front for greedy decoding and for the study's sampling."""
+    """A static-cache decoder over the loaded weights (gpt-fast's design, :mod:`gpulab.llm.fast`), compiled and
+    captured up front for greedy decoding and for the study's sampling; checked by teacher forcing."""
 
-    def __init__(self, name: str, loaded: LoadedModel, max_len: int, cfg: dict[str, Any], study: Sampling,
+    name: ClassVar[str] = "fast"
+    summary: ClassVar[str] = ("one device graph per decode step (static KV cache, fused products, Triton decode "
+                              "attention), rounding checked by teacher forcing against transformers")
+
+    def __init__(self, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any], study: Sampling,
                  eos_ids: list[int], settings: GraphSettings | None = None) -> None:
-        from gpulab.llm.exact import ExactDecoder
-        from gpulab.llm.fast import FastDecoder
+        import torch
+
+        from gpulab.llm.graphs import GraphSettings
 
         gpu = loaded.model.lm_head.weight.device.type == "cuda"
         # ``settings``: a tuning variant's (gpulab.llm.tune); by default the config's.
-        self.name, self.settings = name, settings or GraphSettings.resolve(cfg, gpu)
-        if name == "fast_exact":
-            self.decoder: Any = ExactDecoder(loaded.model, max_len, eos_ids, self.settings, str(cfg["fast_streams"]))
-        else:
-            self.decoder = FastDecoder(loaded.model, max_len, eos_ids, self.settings)
+        self.settings = settings or GraphSettings.resolve(dict(cfg), gpu)
+        self.decoder: Any = self._decoder(loaded, max_len, eos_ids, cfg)
         start = time.perf_counter()
         self.decoder.prepare(Sampling.greedy(), study)
         if gpu:
@@ -108,6 +167,31 @@ class FastEngine:
             torch.cuda.empty_cache()
         self.prepare_s = time.perf_counter() - start
 
+    def _decoder(self, loaded: LoadedModel, max_len: int, eos_ids: list[int], cfg: Mapping[str, Any]) -> Any:
+        from gpulab.llm.fast import FastDecoder
+
+        return FastDecoder(loaded.model, max_len, eos_ids, self.settings)
+
+    @classmethod
+    def create(cls, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any], study: Sampling,
+               eos_ids: list[int]) -> FastEngine:
+        return cls(loaded, max_len, cfg, study, eos_ids)
+
+    @staticmethod
+    def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
+        return [f"teacher{teacher_tokens}"]
+
+    def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
+              texts: dict[str, Any]) -> Check | None:
+        """Teacher forcing of the seeded random sequence against transformers (:mod:`gpulab.llm.checks`)."""
+        from gpulab.llm import checks
+
+        return checks.teacher_forcing(self, hf, prompts["teacher"], float(cfg["teacher_tolerance"]))
+
+    @property
+    def decode_cache_len(self) -> int | None:
+        return int(self.decoder.max_len)
+
     @property
     def graph_mode(self) -> str:
         return self.decoder.graphs.mode
@@ -117,6 +201,8 @@ class FastEngine:
         compiled = "torch.compile decode step" if self.settings.compile else "eager decode step"
         numerics = "bit-exact numerics (transformers' kernels; cuDNN SDPA off)"
         if not self.decoder.exact:
+            from gpulab.llm.qwen2 import split_kv_available
+
             split_kv = split_kv_available(self.decoder.device, self.decoder.weights.dims.head_dim)
             numerics = "fused Q/K/V and gate/up products, " + \
                 ("Triton split-KV decode attention and fused matrix-vector products" if split_kv
@@ -139,3 +225,48 @@ class FastEngine:
         """``n`` greedy decode steps (graph replays) after the prompt's prefill, which runs now."""
         self.decoder.prefill(ids[0], Sampling.greedy())
         return lambda: self.decoder.decode(n, Sampling.greedy())
+
+
+class ExactEngine(FastEngine):
+    """The verifier: bit-identical to transformers (its kernels, its attention between per-layer graphs,
+    :mod:`gpulab.llm.exact`); checked by greedy-token identity."""
+
+    name: ClassVar[str] = "fast_exact"
+    summary: ClassVar[str] = "bit-identical to transformers, per-layer graphs, checked by greedy-token identity"
+
+    def _decoder(self, loaded: LoadedModel, max_len: int, eos_ids: list[int], cfg: Mapping[str, Any]) -> Any:
+        from gpulab.llm.exact import ExactDecoder
+
+        return ExactDecoder(loaded.model, max_len, eos_ids, self.settings, str(cfg["fast_streams"]))
+
+    @staticmethod
+    def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
+        return [f"greedy{check_tokens}"]
+
+    def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
+              texts: dict[str, Any]) -> Check | None:
+        """Its first greedy tokens of the study's prompt against generate's (:mod:`gpulab.llm.checks`)."""
+        from gpulab.llm import checks
+
+        check, texts["greedy"] = checks.greedy_identity(self, hf, prompts["chat"], check_tokens)
+        return check
+
+    @property
+    def decode_cache_len(self) -> int | None:
+        return None
+
+
+# The engine registry: name -> class (its properties are class attributes); the config's llm.engines.
+ENGINES: dict[str, type[HfEngine] | type[FastEngine]] = {cls.name: cls for cls in (HfEngine, FastEngine, ExactEngine)}
+
+
+def engine_class(name: str) -> type[HfEngine] | type[FastEngine]:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ValueError(f"unknown engine {name!r}; expected one of {', '.join(ENGINES)}") from None
+
+
+def engines_described(names: Sequence[str] | None = None) -> str:
+    """``name: summary`` of each engine, for the tables' column descriptions."""
+    return " | ".join(f"{name}: {ENGINES[name].summary}" for name in (names or ENGINES))

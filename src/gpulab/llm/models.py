@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 TINY = "tiny"
 RANDOM_PREFIX = "random:"
-SOURCES = ("real", "random", "tiny")
 SHIPPED_CONFIGS = PACKAGE_DIR / "llm" / "configs"
 CHAT_TEMPLATE = SHIPPED_CONFIGS / "qwen2.5_chat_template.jinja"
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.device import DeviceInfo, synchronize, teardown_profiler_after_use
+from gpulab.llm.engines import ENGINES
 from gpulab.mlp.kernels import classify_kernel, cpu_op_records, device_kernel_records, short_kernel_name
 from gpulab.tables import Column, TableSchema
 
@@ -32,7 +33,7 @@ LLM_KERNELS = TableSchema(
     "llm_kernels",
     (
         Column("model", "str", "the spec as configured"),
-        Column("engine", "str", "hf | fast | fast_exact"),
+        Column("engine", "str", " | ".join(ENGINES)),
         Column("test", "str", "pp<N> (a step is one prefill of the N-token prompt) | tg<N> (a step is one token) | "
                "study (a step is one token of the study's call: its sampling, its prompt's prefill spread over "
                "the profiled tokens)"),

@@ -107,7 +107,7 @@ def run_variant(settings: GraphSettings, loaded: Any, job: Job, prompts: dict[st
     capacity = max(job.sizes.kv_capacity(int(chat.shape[1])), -(-(int(chat.shape[1]) + tokens + 2) // 64) * 64)
     _free(job.info.torch_device)
     try:
-        engine = FastEngine("fast", loaded, capacity, dict(job.cfg), Sampling.greedy(), [], settings=settings)
+        engine = FastEngine(loaded, capacity, dict(job.cfg), Sampling.greedy(), [], settings=settings)
         measured = figures.Bench(engine, loaded.model, job.ceiling, job.info, job.sizes.reps,
                                  PeakMemory(job.info.gpu_available))
         figures.tg(measured, prompts["tg"], tokens, loaded.weight_bytes)

@@ -121,9 +121,6 @@ MLP_OPS = TableSchema(
     ),
 )
 
-PROFILED_ARTIFACTS = ("summary.csv", "kernels.csv", "ops.csv")
-
-
 def trace_name(variant: str) -> str:
     return f"trace_{variant}.json.gz"
 

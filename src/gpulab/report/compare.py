@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpulab.report.results import METADATA_COLUMNS, key_columns, number
+from gpulab.report.results import key_columns, number
 from gpulab.timing import parse_blocks
 
 # Throughput columns, best first: where an artifact has one, targets are compared on it (higher is
@@ -73,10 +73,6 @@ class RatioTable:
     higher_is_better: bool
     matched_on: str  # "same cell" | "largest size each target ran"
     ratio_columns: list[str]
-
-
-def throughput_column(df: pd.DataFrame) -> str | None:
-    return next((c for c in THROUGHPUT_COLUMNS if c in df.columns and df[c].notna().any()), None)
 
 
 def with_throughput(df: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
@@ -396,8 +392,3 @@ def env_differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) ->
                          "this run": "–" if vb is None else str(vb)})
     return pd.DataFrame(rows, columns=["key", "baseline", "this run"])
 
-
-def value_columns(df: pd.DataFrame) -> list[str]:
-    """Columns that are neither keys nor metadata: what a cell measured."""
-    keys = set(key_columns(df)) | set(METADATA_COLUMNS)
-    return [c for c in df.columns if c not in keys]

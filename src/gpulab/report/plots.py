@@ -79,12 +79,6 @@ def _png_bytes(fig: plt.Figure) -> tuple[bytes, int, int]:
     return out.getvalue(), image.width, image.height
 
 
-def to_data_uri(fig: plt.Figure) -> str:
-    """PNG of the figure as a data: URI, then closed so long reports do not accumulate figures."""
-    png, _, _ = _png_bytes(fig)
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
 def embed(fig: plt.Figure, alt: str, caption: str = "", data: pd.DataFrame | None = None) -> Figure:
     """Close the matplotlib figure and keep it as an embedded :class:`Figure` (image, text, data)."""
     png, width, height = _png_bytes(fig)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.bench.ops import OPS
 from gpulab.kernel_compile.archs import ARCHS
 from gpulab.report import plots
 
@@ -76,7 +77,7 @@ def measured_beside_static(ctx: Any, static: pd.DataFrame) -> pd.DataFrame:
         arch = target_arch(ctx, target)
         if arch not in ARCHS:
             continue
-        for op in ("gelu", "softmax", "add"):
+        for op in OPS:
             bench = ctx.results.table(f"bench/{op}.csv")
             if bench.empty:
                 continue

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.config import config_hash
-from gpulab.device import device_wait_s
+from gpulab.device_lock import WAITS_DIR, read_waits, waited_s
 from gpulab.env_capture import git_state
 from gpulab.report.results import is_measured, job_outputs
 from gpulab.timing import (
@@ -127,9 +127,8 @@ def _params_hash(params: Any) -> str:
 
 
 def _device_wait(ctx: Any, target: str, job: str) -> float:
-    """Seconds the job waited for another job's measurements (its log's claim line, gpulab.device)."""
-    log = ctx.results.path(target, f"logs/{job}.log")
-    return device_wait_s(log.read_text(encoding="utf-8", errors="replace")) if log.is_file() else 0.0
+    """Seconds the job waited for another job's measurements (its wait record, gpulab.device_lock)."""
+    return waited_s(read_waits(ctx.results.path(target, f"{WAITS_DIR}/{job}.jsonl")))
 
 
 def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:

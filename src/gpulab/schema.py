@@ -1,0 +1,23 @@
+"""The configuration schema as written (package data ``schemas/config.schema.yaml``), for the defaults a step reads.
+
+The lists only the registries know (ops, implementations, engines) are filled in by
+:func:`gpulab.config.load_schema`, which validation uses; reading the file here keeps a step's code free of
+every registry it does not run.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpulab.paths import CONFIG_SCHEMA
+
+
+@functools.cache
+def schema_file(path: Path = CONFIG_SCHEMA) -> dict[str, Any]:
+    """The schema as written; shared, so never modified."""
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
