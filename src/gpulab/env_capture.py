@@ -128,9 +128,13 @@ def tool_commands(python: str = sys.executable) -> list[tuple[str, list[str], se
         ("rocm-smi", ["rocm-smi"], {"rocm"}),
         (
             "rocm-smi-json",
-            ["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram", "--showuse", "--json"],
+            ["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram", "gtt", "--showuse",
+             "--json"],
             {"rocm"},
         ),
+        # amd-smi succeeds rocm-smi from ROCm 6 on; older installs lack it.
+        ("amd-smi-static", ["amd-smi", "static", "--asic", "--vram", "--json"], set()),
+        ("amd-smi-metric", ["amd-smi", "metric", "--mem-usage", "--json"], set()),
         ("rocminfo", ["rocminfo"], {"rocm"}),
         ("nvidia-smi", ["nvidia-smi", "-q"], {"cuda"}),
         ("hipcc", ["hipcc", "--version"], set()),
@@ -208,6 +212,7 @@ def capture(
                           "argv": " ".join(result.argv), "exit_status": result.exit_status,
                           "required": required[name], "raw_file": raw_file})
     env["smi"] = _parsed_smi(results)
+    env["gpu_memory"] = gpu_memory(env["smi"])
     env["tools"] = {name: r.summary() for name, r in results.items()}
 
     stack = stack_rows(ldd_outputs, lib_dir)
@@ -229,7 +234,7 @@ def _run_tools(info: DeviceInfo, timeout_s: float, ldd: Sequence[tuple[str, list
     results: dict[str, ToolResult] = {}
     required: dict[str, bool] = {}
     for (name, _, needed), result in zip(commands, ran, strict=True):
-        if name.startswith("rocm-smi"):
+        if name.startswith(("rocm-smi", "amd-smi")):
             result = _no_device_on_empty_output(result)
         elif name == "rocminfo":
             result = _no_device_when_kernel_driver_absent(result)
@@ -240,10 +245,18 @@ def _run_tools(info: DeviceInfo, timeout_s: float, ldd: Sequence[tuple[str, list
 
 def _parsed_smi(results: dict[str, ToolResult]) -> dict[str, Any]:
     """What the vendor tools that ran report, parsed; an unparseable output is recorded, its raw file kept."""
-    from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
+    from gpulab.smi import parse_amd_smi, parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
 
     smi: dict[str, Any] = {}
     try:
+        amd: dict[Any, dict[str, Any]] = {}  # per GPU: static's product and metric's memory, merged
+        for name in ("amd-smi-static", "amd-smi-metric"):
+            if results[name].status == "ok":
+                for d in parse_amd_smi(results[name].stdout):
+                    merged = amd.setdefault(d["gpu"], {})
+                    merged.update({k: v for k, v in d.items() if v is not None or k not in merged})
+        if amd:
+            smi["amd_smi"] = list(amd.values())
         if results["rocm-smi-json"].status == "ok":
             smi["rocm_smi"] = parse_rocm_smi_json(results["rocm-smi-json"].stdout)
         if results["rocminfo"].status == "ok":
@@ -253,6 +266,23 @@ def _parsed_smi(results: dict[str, ToolResult]) -> dict[str, Any]:
     except (ValueError, KeyError) as exc:
         smi["parse_error"] = f"{type(exc).__name__}: {exc}"
     return smi
+
+
+MEMORY_FIELDS = ("vram_total_bytes", "vram_used_bytes", "gtt_total_bytes", "gtt_used_bytes")
+
+
+def gpu_memory(smi: dict[str, Any]) -> dict[str, Any] | None:
+    """The first AMD GPU's memory pools: VRAM (on an iGPU, the firmware's carve-out of host memory) and GTT (host
+    memory the GPU maps; on an iGPU most of what it can use). amd-smi's figures first, rocm-smi's fill the gaps."""
+    sources = [("amd-smi", d) for d in (smi.get("amd_smi") or [])[:1]]
+    sources += [("rocm-smi", d) for d in ((smi.get("rocm_smi") or {}).get("devices") or [])[:1]]
+    memory: dict[str, Any] = {}
+    for tool, device in sources:
+        for field in MEMORY_FIELDS:
+            if memory.get(field) is None and device.get(field) is not None:
+                memory[field] = device[field]
+                memory.setdefault("source", tool)
+    return memory or None
 
 
 def _version_line(result: ToolResult) -> dict[str, Any]:

@@ -23,11 +23,17 @@ def _first(card: dict[str, str], *names: str) -> str | None:
     return None
 
 
+def _bytes(card: dict[str, str], name: str) -> int | None:
+    value = _first(card, name)
+    return int(value) if value and value.isdigit() else None
+
+
 def parse_rocm_smi_json(text: str) -> dict[str, Any]:
-    """``rocm-smi --showproductname --showdriverversion --showmeminfo vram --showuse --json``.
+    """``rocm-smi --showproductname --showdriverversion --showmeminfo vram gtt --showuse --json``.
 
     Key spellings changed across ROCm releases ("Card series" / "Card Series", "Device Name"),
-    so lookups are case-insensitive with fallbacks.
+    so lookups are case-insensitive with fallbacks. GTT is the host memory the GPU maps: on an iGPU
+    it is most of the GPU's memory, VRAM being only the firmware's carve-out.
     """
     if not text.strip():
         return {"devices": [], "driver_version": None}
@@ -36,8 +42,6 @@ def parse_rocm_smi_json(text: str) -> dict[str, Any]:
     for key, card in data.items():
         if not key.startswith("card") or not isinstance(card, dict):
             continue
-        total = _first(card, "VRAM Total Memory (B)")
-        used = _first(card, "VRAM Total Used Memory (B)")
         devices.append(
             {
                 "card": key,
@@ -46,8 +50,10 @@ def parse_rocm_smi_json(text: str) -> dict[str, Any]:
                 "vendor": _first(card, "Card Vendor"),
                 "sku": _first(card, "Card SKU"),
                 "gfx_version": _first(card, "GFX Version"),
-                "vram_total_bytes": int(total) if total and total.isdigit() else None,
-                "vram_used_bytes": int(used) if used and used.isdigit() else None,
+                "vram_total_bytes": _bytes(card, "VRAM Total Memory (B)"),
+                "vram_used_bytes": _bytes(card, "VRAM Total Used Memory (B)"),
+                "gtt_total_bytes": _bytes(card, "GTT Total Memory (B)"),
+                "gtt_used_bytes": _bytes(card, "GTT Total Used Memory (B)"),
                 "gpu_use_pct": float(u) if (u := _first(card, "GPU use (%)")) and _is_number(u) else None,
             }
         )
@@ -66,10 +72,72 @@ def _is_number(text: str) -> bool:
     return True
 
 
+# amd-smi prints memory in MB of 2^20 bytes (amdsmi_cli divides the library's bytes by 1024 * 1024).
+MIB = 1024 * 1024
+AMD_SMI_MEMORY = {"total_vram": "vram_total_bytes", "used_vram": "vram_used_bytes", "total_gtt": "gtt_total_bytes",
+                  "used_gtt": "gtt_used_bytes"}
+
+
+def _amd_smi_mib(value: Any) -> int | None:
+    """``{"value": 512, "unit": "MB"}`` (JSON) or ``512 MB`` (text) as bytes; N/A as None."""
+    if isinstance(value, dict):
+        value = f"{value.get('value')} {value.get('unit', '')}"
+    match = re.fullmatch(r"\s*(\d+)\s*MB\s*", str(value))
+    return int(match[1]) * MIB if match else None
+
+
+def _amd_smi_text(text: str) -> list[dict[str, Any]]:
+    """amd-smi's plain output (``GPU: 0`` then indented ``KEY: value`` lines) as the JSON form's list."""
+    gpus: list[dict[str, Any]] = []
+    stack: list[tuple[int, dict[str, Any]]] = []
+    for line in text.splitlines():
+        match = re.match(r"^(\s*)([A-Z0-9_]+):\s*(.*?)\s*$", line)
+        if not match:
+            continue
+        indent, key, value = len(match[1]), match[2].lower(), match[3]
+        if indent == 0 and key == "gpu":
+            gpus.append({"gpu": int(value) if value.isdigit() else value})
+            stack = [(0, gpus[-1])]
+            continue
+        while stack and stack[-1][0] >= indent and len(stack) > 1:
+            stack.pop()
+        if not stack:
+            continue
+        if value:
+            stack[-1][1][key] = value
+        else:
+            stack[-1][1][key] = {}
+            stack.append((indent, stack[-1][1][key]))
+    return gpus
+
+
+def parse_amd_smi(text: str) -> list[dict[str, Any]]:
+    """Per GPU, product and memory from ``amd-smi static --asic --vram`` and ``amd-smi metric --mem-usage``,
+    in ``--json`` form (a list, or ``{"gpu_data": [...]}`` since ROCm 6.4) or plain text; N/A fields are None."""
+    if not text.strip():
+        return []
+    if text.lstrip()[:1] in "[{":
+        data = json.loads(text)
+        gpus = data.get("gpu_data", []) if isinstance(data, dict) else data
+    else:
+        gpus = _amd_smi_text(text)
+    devices = []
+    for gpu in gpus:
+        asic = gpu.get("asic") if isinstance(gpu.get("asic"), dict) else {}
+        vram = gpu.get("vram") if isinstance(gpu.get("vram"), dict) else {}
+        usage = gpu.get("mem_usage") if isinstance(gpu.get("mem_usage"), dict) else {}
+        device = {"gpu": gpu.get("gpu"), "product": asic.get("market_name"), "vram_type": vram.get("type"),
+                  **{ours: _amd_smi_mib(usage.get(theirs)) for theirs, ours in AMD_SMI_MEMORY.items()}}
+        if device["vram_total_bytes"] is None:
+            device["vram_total_bytes"] = _amd_smi_mib(vram.get("size"))
+        devices.append(device)
+    return devices
+
+
 def parse_rocminfo(text: str) -> list[dict[str, str]]:
     """GPU agents of ``rocminfo``: their ISA name (gfx...), marketing name and compute units."""
     agents: list[dict[str, str]] = []
-    for block in re.split(r"\n\*{5,}\s*\nAgent \d+\s*\n\*{5,}", text)[1:]:
+    for block in re.split(r"(?:^|\n)\*{5,}\s*\nAgent \d+\s*\n\*{5,}", text)[1:]:
         fields: dict[str, str] = {}
         for line in block.splitlines():
             m = re.match(r"\s{2}(\S[^:]*?):\s+(.*\S)\s*$", line)

@@ -1,7 +1,8 @@
 """Every kernel compiled for the study's GPU architectures, with the resources each compile uses.
 
 No GPU is needed: Triton compiles kernels/triton/ for a named ``GPUTarget`` (AMD code objects through its
-bundled LLVM, cubins through its bundled ptxas), and hipcc compiles the HIP sources for AMD architectures.
+bundled LLVM, cubins through its bundled ptxas), and clang (with Debian's hipcc where its device libraries
+cover the architecture) compiles the HIP sources for AMD architectures.
 Per kernel x launch configuration x dtype x architecture one row of ``build/kernel_resources.csv``:
 registers, spills, scratch, LDS/shared memory, occupancy from the architecture's limits (``archs``), code
 size and compile seconds. One job per architecture (``compile_arch``), then ``aggregate``.
@@ -22,7 +23,8 @@ KERNEL_RESOURCES = TableSchema(
         Column("arch", "str", "architecture compiled for: gfx1151 | gfx1100 | gfx942 | gfx90a | sm_90 | sm_80"),
         Column("family", "str", "rdna (AMD wave32) | cdna (AMD wave64) | nvidia: picks the launch configurations"),
         Column("backend", "str", "hip | cuda"),
-        Column("compiler", "str", "triton <version> | hipcc (clang <version>)"),
+        Column("compiler", "str", "what made the row: triton <version> | clang <version> (HIP device code) | "
+           "hipcc (clang <version>)"),
         Column("source", "str", "source file, relative to the repository"),
         Column("op", "str", "the op the kernel implements (gpulab.bench.ops: gelu | softmax | add), or llm_decode "
                "(the fast LLM engine's decode step)"),
@@ -43,7 +45,7 @@ KERNEL_RESOURCES = TableSchema(
         Column("occupancy", "float", "warps_per_unit / max_warps_per_unit"),
         Column("occupancy_limiter", "str", "registers | shared memory | warps | blocks"),
         Column("code_bytes", "int", "machine code size of the kernel, bytes"),
-        Column("compile_s", "float", "wall seconds of the cold compile (hipcc: the whole translation unit); "
+        Column("compile_s", "float", "wall seconds of the cold compile (HIP: the whole translation unit); "
                "a job runs one compile per core it may use, side by side"),
         Column("cached", "bool", "the outcome was reused from .cache/kernel_compile (same source, compiler, target)"),
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -69,16 +70,41 @@ def _triton_row(launch: Any, a: Arch, cache_dir: Path, compiler: str) -> list[di
 
 
 def hip_tasks(a: Arch, cache_dir: Path) -> list[Task]:
-    from gpulab.kernel_compile.hipcc import hip_sources
+    """Every HIP source with clang, and with Debian's hipcc too where its device libraries cover the arch."""
+    from gpulab.kernel_compile.hipcc import hip_sources, hipcc_covers
 
-    return [partial(_hip_rows, source, a, cache_dir) for source in hip_sources()]
+    kinds = ("clang", "hipcc") if hipcc_covers(a) else ("clang",)
+    tasks = [partial(_hip_rows, partial(compile_source_of, source, kind), a, cache_dir)
+             for source in hip_sources() for kind in kinds]
+    return [partial(_hip_rows, compile_extension, a, cache_dir), *tasks]
 
 
-def _hip_rows(source: Path, a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
+def compile_source_of(source: Path, kind: str, a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
     from gpulab.kernel_compile.hipcc import compile_source
 
+    return compile_source(source, a, cache_dir, kind)
+
+
+def compile_extension(a: Arch, cache_dir: Path) -> list[dict[str, Any]]:
+    """The extension's GPU unit hipified and compiled with PyTorch's ROCm flags (rocm_extension), by clang."""
+    from gpulab.kernel_compile import rocm_extension
+    from gpulab.kernel_compile.hipcc import CLANG, compile_source
+
+    if importlib.util.find_spec("torch") is None:
+        return [{"status": "skipped", "source": rocm_extension.NAME, "compiler": CLANG,
+                 "reason": "PyTorch is not installed (its hipify and ROCm build flags are used): pip install torch"}]
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="gpulab-hipify-") as tmp:
+        unit = rocm_extension.hipify(Path(tmp))
+        return compile_source(unit, a, cache_dir, "clang", name=rocm_extension.NAME,
+                              flags=rocm_extension.device_flags(a.name), key=f"torch {torch.__version__}")
+
+
+def _hip_rows(compile_rows: Callable[[Arch, Path], list[dict[str, Any]]], a: Arch,
+              cache_dir: Path) -> list[dict[str, Any]]:
     rows = []
-    for row in compile_source(source, a, cache_dir):
+    for row in compile_rows(a, cache_dir):
         threads = row.pop("threads", None)
         if threads:
             row["num_warps"] = -(-threads // a.warp_size)

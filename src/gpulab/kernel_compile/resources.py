@@ -37,6 +37,7 @@ def amdgcn_kernels(asm: str) -> dict[str, dict[str, Any]]:
             "code_bytes": code_bytes,
             "compiler_waves_per_simd": compiler_occupancy,
             "max_flat_workgroup_size": int(k.get(".max_flat_workgroup_size", 1024)),
+            "wavefront_size": int(k[".wavefront_size"]),
         }
     return out
 
@@ -80,6 +81,25 @@ def elf_section_size(elf: bytes, name: str) -> int | None:
         if elf[strtab_offset + h[0] : end].decode() == name:
             return int(h[5])
     return None
+
+
+def elf_symbol_sizes(elf: bytes) -> dict[str, int]:
+    """Size of every function symbol of an ELF64 little-endian object (a linked AMD code object): its machine code."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2:
+        raise ValueError("not an ELF64 object")
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    sizes = {}
+    for _name, kind, _flags, _addr, offset, size, link, _info, _align, entsize in headers:
+        if kind != 2 or not entsize:  # SHT_SYMTAB
+            continue
+        strtab = headers[link][4]
+        for i in range(size // entsize):
+            st_name, st_info, _other, _shndx, _value, st_size = struct.unpack_from("<IBBHQQ", elf, offset + i * entsize)
+            if st_info & 0xF == 2:  # STT_FUNC
+                sizes[elf[strtab + st_name : elf.index(b"\0", strtab + st_name)].decode()] = int(st_size)
+    return sizes
 
 
 def demangle(symbol: str) -> str:

@@ -87,7 +87,7 @@ def _figures(compiled: Any, a: Arch, ptxas_log: str) -> dict[str, Any]:
     if a.backend == "hip":
         kernels = amdgcn_kernels(compiled.asm["amdgcn"])
         figures = dict(kernels[name])
-        for note in ("compiler_waves_per_simd", "max_flat_workgroup_size"):
+        for note in ("compiler_waves_per_simd", "max_flat_workgroup_size", "wavefront_size"):
             figures.pop(note)
         figures["lds_bytes"] = max(figures["lds_bytes"], shared)
         return figures

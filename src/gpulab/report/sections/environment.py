@@ -58,6 +58,7 @@ def _versions(env: dict[str, Any]) -> dict[str, str]:
         "Driver": (smi.get("rocm_smi") or {}).get("driver_version")
         or (smi.get("nvidia_smi") or {}).get("driver_version"),
         "Driver's CUDA version": (smi.get("nvidia_smi") or {}).get("cuda_version"),
+        **_memory_pools(env.get("gpu_memory") or {}),
         "HIP runtime": device.get("hip_version"),
         "CUDA runtime": device.get("cuda_version"),
         "OS": env.get("os", {}).get("release"),
@@ -72,6 +73,18 @@ def _versions(env: dict[str, Any]) -> dict[str, str]:
         "Fingerprint": env.get("fingerprint"),
     }
     return {k: str(v) for k, v in versions.items() if v not in (None, "")}
+
+
+def _memory_pools(memory: dict[str, Any]) -> dict[str, str]:
+    """VRAM and GTT as the SMI reports them: on an iGPU, VRAM is the firmware's carve-out of host memory and GTT
+    the host memory the GPU maps besides, so the GPU's memory is the host's."""
+    rows = {}
+    for pool, label in (("vram", "GPU memory: VRAM"), ("gtt", "GPU memory: GTT (host memory mapped for the GPU)")):
+        total, used = memory.get(f"{pool}_total_bytes"), memory.get(f"{pool}_used_bytes")
+        if total is not None:
+            rows[label] = f"{total / 2**30:.1f} GiB" + (f", {used / 2**30:.1f} GiB used" if used is not None else "") \
+                + f" ({memory.get('source', 'smi')})"
+    return rows
 
 
 def _facts(env: dict[str, Any]) -> dict[str, Any]:

@@ -22,10 +22,11 @@ STUDY_ARCH = "gfx1151"
 
 def kernel_label(df: pd.DataFrame) -> pd.Series:
     """Heatmap row names: the kernel without namespaces and template arguments (one row covers all of a
-    template's instantiations), marked (hipcc) for HIP C++ ones."""
-    hip = df["compiler"].fillna("").str.startswith("hipcc")
+    template's instantiations), marked with its compiler for HIP C++ ones: (clang) or (hipcc)."""
+    compiler = df["compiler"].fillna("").str.split().str[0]
+    hip = compiler.isin(["clang", "hipcc"])
     base = df["kernel"].fillna("").str.replace(r"<.*$", "", regex=True).str.replace(r"^.*::", "", regex=True)
-    return base + hip.map({True: " (hipcc)", False: ""})
+    return base + (" (" + compiler + ")").where(hip, "")
 
 
 def representative(table: pd.DataFrame) -> tuple[str, pd.DataFrame]:
