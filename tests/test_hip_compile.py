@@ -5,6 +5,7 @@ family, the compiler's own resource remarks against the table, and the ISA-versi
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from gpulab.kernel_compile.archs import ARCHS, arch, warps_per_simd_by_registers
 from gpulab.kernel_compile.hipcc import CLANG, compile_source, hip_sources
 from gpulab.kernel_compile.job import default_cache_dir, hip_tasks, with_arch_figures
 from gpulab.kernel_compile.resources import amdgcn_kernels
+from gpulab.parallel import run_all
 
 AMD = [name for name, a in ARCHS.items() if a.backend == "hip"]
 HIPIFIED = "kernels/ext/ops_cuda.cu (hipified)"
@@ -33,8 +35,8 @@ def hip_table() -> pd.DataFrame:
     rows = []
     for name in AMD:
         a = arch(name)
-        for task in hip_tasks(a, default_cache_dir()):
-            rows += [with_arch_figures(row, a) for row in task()]
+        for task_rows in run_all(hip_tasks(a, default_cache_dir()), os.cpu_count() or 1):
+            rows += [with_arch_figures(row, a) for row in task_rows]
     return pd.DataFrame(rows)
 
 
