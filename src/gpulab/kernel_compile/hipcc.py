@@ -80,16 +80,16 @@ class Toolchain:
         return [self.label, self.flags, libs]
 
 
-def _clang_version(exe: str) -> str:
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout
+def clang_version(exe: str) -> str | None:
+    """The clang version ``exe --version`` names (hipcc prints its clang's)."""
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False, env=_env()).stdout
     match = re.search(r"clang version (\S+)", out)
-    return match.group(1) if match else "unknown"
+    return match.group(1) if match else None
 
 
 def hipcc_version(hipcc: str) -> str:
-    out = subprocess.run([hipcc, "--version"], capture_output=True, text=True, check=False, env=_env()).stdout
-    match = re.search(r"clang version (\S+)", out)
-    return f"hipcc (clang {match.group(1)})" if match else "hipcc"
+    version = clang_version(hipcc)
+    return f"hipcc (clang {version})" if version else "hipcc"
 
 
 def hipcc_covers(a: Arch) -> bool:
@@ -114,11 +114,11 @@ def toolchain(kind: str, a: Arch, cache_dir: Path) -> Toolchain | str:
         libdir = device_libs.device_lib_dir(clang, a.name, cache_dir)
     except (FileNotFoundError, ValueError, RuntimeError) as exc:
         return str(exc)
-    return Toolchain("clang", clang, f"clang {_clang_version(clang)}", CLANG_FLAGS, libdir)
+    return Toolchain("clang", clang, f"clang {clang_version(clang) or 'unknown'}", CLANG_FLAGS, libdir)
 
 
 def _digest(source: Path, a: Arch, tc: Toolchain, flags: tuple[str, ...], key: str) -> str:
-    h = hashlib.sha256(json.dumps([tc.key(), a.name, flags, key], default=str).encode())
+    h = hashlib.sha256(json.dumps([tc.key(), a.name, variant(flags), key], default=str).encode())
     for path in _with_headers(source):
         h.update(path.name.encode() + path.read_bytes())
     return h.hexdigest()[:24]
