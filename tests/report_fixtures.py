@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
 from gpulab.config import validate_config
 from gpulab.report.render import RenderedReport, render_report
 from gpulab.runtime_stack import RUNTIME_STACK, stack_rows

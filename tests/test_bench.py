@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+
 from gpulab.bench import impls
 from gpulab.bench.correctness import THRESHOLDS, tolerance_for
 from gpulab.bench.ops import (

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from gpulab.build import checks as ext_checks
 from gpulab.build import compile as ext_compile
 from gpulab.build import plan as ext_plan
@@ -537,6 +538,7 @@ run_extension_step("ci", "fp", {{}}, out_csv=Path(r"{tmp_path}/extension.csv"),
 
 def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
     import yaml
+
     from gpulab.config import validate_config
     from gpulab.report.render import render_report
 

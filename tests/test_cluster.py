@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+
 from gpulab.cluster import (
     TargetConfigError,
     apply_target_env,

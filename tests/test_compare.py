@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from gpulab.bench.registry import REGISTRY, BenchContext, Registry
 from gpulab.bench.runner import BENCH, run_cell
 from gpulab.cli import main as gpulab_main

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gpulab.config import ConfigError, config_hash, load_config, run_targets, validate_config
 
 

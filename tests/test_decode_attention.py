@@ -73,6 +73,7 @@ def test_chunks_cover_the_cache_within_the_split_limit():
 
 def test_shapes_the_kernel_cannot_take_are_refused():
     import torch
+
     from gpulab.kernels.triton.decode_attention import decode_attention
 
     cache, rot, pos = torch.zeros(1, 4, 64, 128), torch.zeros(1, 128), torch.tensor([3])
@@ -119,8 +120,9 @@ torch.library.opcheck(op, (qkv, cos, sin, k, v, torch.tensor([pos]), heads))
 
 def test_the_decode_operators_declare_their_writes_and_shapes():
     import torch
-    from gpulab.llm import qwen2  # noqa: F401 - registers the operators
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from gpulab.llm import qwen2  # noqa: F401 - registers the operators
 
     writes = {name: [a.name for a in getattr(torch.ops.gpulab_llm, name).default._schema.arguments
                      if a.alias_info is not None and a.alias_info.is_write]

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpulab.device import DeviceInfo, detect, gfx_from_override, offload_archs
 
 
@@ -82,6 +83,7 @@ def test_hidden_gpus_make_a_process_measure_the_cpu_and_say_why():
     ("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None), (None, None, None), ("13.0", "0", "0")])
 def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda, preset, expected):
     import torch
+
     from gpulab.device import teardown_profiler_after_use
 
     monkeypatch.setattr(torch.version, "cuda", cuda)

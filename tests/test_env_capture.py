@@ -5,6 +5,7 @@ import shutil
 
 import pandas as pd
 import pytest
+
 from gpulab.env_capture import (
     _no_device_on_empty_output,
     _no_device_when_kernel_driver_absent,

@@ -61,6 +61,7 @@ def test_every_config_in_the_interpreter():
 
 def test_shapes_it_cannot_take_are_refused():
     import torch
+
     from gpulab.kernels.triton.gemv import gemv
 
     with pytest.raises(ValueError, match="one row of 64 values"):

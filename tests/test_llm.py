@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+
 from gpulab.device import detect
 from gpulab.llm import bench, checks, figures, probe
 from gpulab.llm.bench import LLM, Sizes, kernels_path, run_llm

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+
 from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings
 from gpulab.device import DeviceInfo, detect
 from gpulab.mlp.kernels import (

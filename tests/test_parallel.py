@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from gpulab.jobenv import SERIAL_RUN_VAR, compile_workers, mark_serial_run
 from gpulab.parallel import run_all
 

@@ -15,6 +15,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from PIL import Image
+from report_fixtures import (
+    CONFIG,
+    FIXTURE_RESULTS,
+    SYNTHETIC_TARGET,
+    comparison_report,
+    make_results,
+    make_run_pair,
+    two_target_report,
+)
+
 from gpulab.cli import main as gpulab_main
 from gpulab.report import plots
 from gpulab.report.compare import (
@@ -32,16 +43,6 @@ from gpulab.report.render import (
     render_report,
 )
 from gpulab.report.results import ResultsIndex, key_columns
-from PIL import Image
-from report_fixtures import (
-    CONFIG,
-    FIXTURE_RESULTS,
-    SYNTHETIC_TARGET,
-    comparison_report,
-    make_results,
-    make_run_pair,
-    two_target_report,
-)
 
 # ------------------------------------------------------------------------------------------ numbers
 

@@ -12,10 +12,11 @@ import io
 from pathlib import Path
 
 import pytest
-from gpulab.report.browser import MAX_SCREENSHOT_HEIGHT, BrowserUnavailable, check_page, find_chromium
-from gpulab.report.render import discover_sections, render_report
 from PIL import Image
 from report_fixtures import CONFIG, FIXTURE_RESULTS, SYNTHETIC_TARGET, comparison_report, two_target_report
+
+from gpulab.report.browser import MAX_SCREENSHOT_HEIGHT, BrowserUnavailable, check_page, find_chromium
+from gpulab.report.render import discover_sections, render_report
 
 pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).resolve().parent.parent / "reports" / "browser"

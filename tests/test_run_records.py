@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpulab.bench.sizes import resolve_sizes
 from gpulab.device import detect
 from gpulab.failures import failure_summary, final_error, log_offsets
@@ -178,8 +179,9 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
     import json
     import re
 
-    from gpulab.report.sections.methodology import holds_device
     from report_fixtures import FIXTURE_RESULTS, two_target_report
+
+    from gpulab.report.sections.methodology import holds_device
 
     records = [json.loads(p.read_text().splitlines()[0])
                for p in (FIXTURE_RESULTS / "cpu" / "benchmarks").glob("*.jsonl")]

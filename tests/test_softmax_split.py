@@ -125,6 +125,7 @@ def _gpu() -> bool:
 def test_split_kernel_matches_torch_on_the_gpu(rows, cols, dtype, strided):
     """Every element against torch.softmax (the bench's gate: no NaN, the dtype's tolerance)."""
     import torch
+
     from gpulab.bench.ops import check
     from gpulab.kernels.triton.config import current_target
     from gpulab.kernels.triton.softmax import softmax
@@ -145,6 +146,7 @@ def test_split_kernel_matches_torch_on_the_gpu(rows, cols, dtype, strided):
 def test_split_kernel_gives_zeros_for_a_chunk_of_only_minus_infinity():
     """A masked stretch as wide as a chunk: its program's max is -inf, yet the row is finite, so 0, not NaN."""
     import torch
+
     from gpulab.bench.ops import check
     from gpulab.kernels.triton.softmax import softmax
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from gpulab.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
 from gpulab.tables import Column, SchemaError, StrictModeError, TableSchema, enforce_strict, write_atomic
 from gpulab.timing import TIMING_COLUMNS, Measurement, TimingSettings, is_stable, measure, parse_times, summarize

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpulab.bench.registry import BenchContext
 from gpulab.bench.tune import TUNE_TRITON, tune_op
 from gpulab.device import detect

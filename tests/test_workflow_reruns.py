@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
 from gpulab.device import gpu_driver_present
 from gpulab.kernel_compile.archs import ARCHS
 

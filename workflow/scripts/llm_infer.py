@@ -18,6 +18,7 @@ def main(step: Step) -> None:
         hide_gpus("llm.tiny_device: the tiny model runs on the host CPU beside the device jobs")
     print(f"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL={apply_aotriton_env(step.params.llm['aotriton_experimental'])}")
     import torch
+
     from gpulab.llm.bench import run_llm
     from gpulab.llm.models import ResolvedModel, model_slug
     from gpulab.llm.roofline import Ceiling, read_ceiling
