@@ -32,12 +32,15 @@ from markupsafe import Markup
 
 from gpulab.env_capture import git_state
 from gpulab.report import sections as sections_pkg
+from gpulab.report.findings import ABOVE_PCT
 from gpulab.report.plots import apply_style
 from gpulab.report.results import ResultsIndex
 from gpulab.tables import write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SIZE_BUDGET_BYTES = 5 * 2**20
+# Columns holding a percentage of a measured ceiling: a cell above 100 is drawn as a flagged one.
+PCT_COLUMNS = ("% of ceiling", "pct_of_ceiling", "% of read-only roofline")
 log = logging.getLogger(__name__)
 
 
@@ -145,9 +148,11 @@ def environment() -> jinja2.Environment:
         columns = [] if df is None else [str(c) for c in df.columns]
         statuses = [columns.index("status")] if "status" in columns else []
         verdicts = [columns.index("verdict")] if "verdict" in columns else []
+        above = set() if df is None else {(i, columns.index(c)) for c in columns if c in PCT_COLUMNS
+                                          for i, v in enumerate(pd.to_numeric(df[c], errors="coerce")) if v > ABOVE_PCT}
         return Markup(env.get_template("_table.html.j2").render(
             columns=columns, rows=rows, caption=caption, status_columns=statuses, verdict_columns=verdicts,
-            scroll=max_height and len(rows) > 16))
+            above=above, scroll=max_height and len(rows) > 16))
 
     env.filters["table"] = table
     env.filters["num"] = lambda v, fmt=None: format_number(v, fmt)

@@ -74,7 +74,8 @@ def unsteady(df: pd.DataFrame) -> pd.DataFrame:
     unstable = ok["stable"].astype(str).str.lower() != "true"
     throttled = ok["throttled"].astype(str).str.startswith("yes")
     out = ok[unstable | throttled]
-    return out[["target", "impl", "size", "dtype", "stable", "reps", "cv", "mean_ms", "median_ms", "throttled"]]
+    columns = ["target", "impl", "size", "dtype", "stable", "reps", "cv", "mean_ms", "median_ms", "throttled"]
+    return out[columns if throttled.any() else columns[:-1]]
 
 
 def shape_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,

@@ -11,7 +11,7 @@ import pandas as pd
 
 from gpulab.llm import study
 from gpulab.llm.profile import category_summary
-from gpulab.report import plots
+from gpulab.report import findings, plots
 
 ORDER = 60
 ID = "llm"
@@ -19,6 +19,14 @@ TITLE = "LLM inference"
 TEMPLATE = "llm.html.j2"
 
 MODEL_LABEL = "model [weights]"
+# The study's Chinese prompt and answer, in English for readers (and for those whose browser lacks a CJK font).
+ENGLISH = {
+    study.SYSTEM_PROMPT: "You are a gifted poet.",
+    study.USER_PROMPT: "Hello, please use this high-performance graphics card to write me a seven-character quatrain "
+                       "about AMD graphics cards turning the tables.",
+    study.REPORTED["response"]: "Once the graphics emperor N reigned alone; today AMD stirs the winds and clouds. "
+                                "Radeon turns the tide, its performance surpassing the old king.",
+}
 SOURCE_LABELS = {"real": "real weights", "random": "random weights (speed and memory only)",
                  "tiny": "tiny built-in model"}
 
@@ -62,8 +70,6 @@ def bench_table(df: pd.DataFrame) -> pd.DataFrame:
             "peak alloc (GiB)": pd.to_numeric(group.get("peak_alloc_gib"), errors="coerce").max(),
             "peak reserved (GiB)": pd.to_numeric(group.get("peak_reserved_gib"), errors="coerce").max(),
             "load (s)": _num(first, "load_s"),
-            "graphs": first.get("graph_mode"),
-            "how": first.get("engine_detail"),
         })
     return pd.DataFrame(rows)
 
@@ -80,6 +86,13 @@ def _mean_sd(row: pd.Series | None) -> str:
     if math.isnan(mean):
         return "–"
     return f"{mean:,.1f} ± {sd:,.1f}" if not math.isnan(sd) else f"{mean:,.1f}"
+
+
+def unlike_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This run's study rows that ran another model, other weights or another device than the study did."""
+    reported = study.REPORTED
+    return [r for r in rows[1:] if r["model"] != reported["model"] or r["weights"] != "real"
+            or r["device"] != reported["device"]]
 
 
 def study_rows(df: pd.DataFrame, responses: dict[tuple[str, str, str], str]) -> list[dict[str, Any]]:
@@ -202,7 +215,10 @@ def build(ctx: Any) -> dict[str, Any] | None:
     sources = sorted(set(df["model_source"].dropna().astype(str)))
     return {
         "study": study,
-        "study_rows": study_rows(df, responses),
+        "study_rows": (rows := study_rows(df, responses)),
+        "unlike": unlike_rows(rows),
+        "english": ENGLISH,
+        "above": findings.above_ceiling_in(ctx.results, "llm/"),
         "settings": [{"target": t, "model": m, **v} for (t, m), v in settings.items()],
         "bench": bench_table(df),
         "figures": figures,

@@ -10,15 +10,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any
 
 import pandas as pd
 
+from gpulab.ceilings import RAISE_LIMIT
 from gpulab.config import config_hash
 from gpulab.device_lock import WAITS_DIR, read_waits, waited_s
 from gpulab.env_capture import git_state
+from gpulab.report import findings
 from gpulab.report.results import is_measured, job_outputs
 from gpulab.timing import (
     CPU_FLUSH_BYTES,
@@ -29,6 +32,9 @@ from gpulab.timing import (
     GPU_MAX_WALL_S,
     GPU_MIN_SPAN_S,
     GPU_MIN_TIME_S,
+    MAX_CV,
+    MAX_MEAN_OVER_MEDIAN,
+    MIN_STABLE_REPS,
     TimingSettings,
 )
 
@@ -80,6 +86,27 @@ def ceilings_table(ctx: Any) -> pd.DataFrame:
     if "best" in frame.columns:
         frame = frame[frame["best"].astype(str).str.lower() == "true"]
     return frame[keep]
+
+
+SWEEP = re.compile(r"^triton b\d+ w\d+$")
+METHOD_WORDS = {"triton": "a Triton kernel swept over block sizes and warp counts", "cpp_ext": "the C++ extension's kernel"}
+
+
+def ceiling_methods(ceilings: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per ceiling kind, the methods this run measured and those it recorded as skipped (with the reason), read
+    from ``bench/ceilings.csv`` so the text says what the table holds."""
+    if ceilings.empty or "method" not in ceilings.columns:
+        return []
+    frame = ceilings.assign(name=ceilings["method"].astype(str).str.replace(SWEEP, "triton", regex=True))
+    out = []
+    for kind, rows in frame.groupby("kind", sort=False):
+        ran = rows[rows["status"] == "ok"]["name"]
+        skipped = rows[(rows["status"] != "ok") & ~rows["name"].isin(ran)].drop_duplicates("name")
+        out.append({"kind": kind, "ran": [METHOD_WORDS.get(m, m) for m in dict.fromkeys(ran)],
+                    "skipped": [{"method": METHOD_WORDS.get(r.name, r.name), "reason": r.reason}
+                                for r in skipped.itertuples()]})
+    order = {k: i for i, k in enumerate(("read", "copy", "add", "matmul"))}
+    return sorted(out, key=lambda m: order.get(m["kind"], 9))
 
 
 def correctness_thresholds(config: dict[str, Any]) -> pd.DataFrame | None:
@@ -153,7 +180,7 @@ def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:
                 "max RSS (MB)": pd.to_numeric(r.get("max_rss"), errors="coerce"),
                 "params hash": _params_hash(r["params"]) if "params" in r else "–",
                 "critical path": "yes" if r["job"] in path else "",
-                "holds the device": "yes" if holds_device(r) else "",
+                "measures on the device": "yes" if holds_device(r) else "",
             })
     frame = pd.DataFrame(rows)
     if not frame.empty:
@@ -173,7 +200,7 @@ def _path_summary(times: pd.DataFrame, path: list[str]) -> dict[str, Any]:
     without its wait for the device."""
     worked = times["wall (s)"] - times["of it waiting for the device (s)"]
     return {"steps": path, "seconds": float(worked[times["step"].isin(path)].sum()),
-            "device_seconds": float(worked[times["holds the device"] == "yes"].sum()),
+            "device_seconds": float(worked[times["measures on the device"] == "yes"].sum()),
             "total": float(worked.sum())}
 
 
@@ -208,6 +235,13 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "walls": f"{GPU_MAX_WALL_S:g} s (GPU) or {CPU_MAX_WALL_S:g} s (CPU)",
         "in_use": timing_in_use(ctx),
         "ceilings": ceilings_table(ctx),
+        "kind_words": {"read": "one read, a reduction", "copy": "one read and one write", "add": "two reads and one write",
+                       "matmul": "2·M·N·K operations per product"},
+        "raise_pct": round(100 * (RAISE_LIMIT - 1)),
+        "rule": {"ratio": f"{MAX_MEAN_OVER_MEDIAN:.2f}", "cv": f"{MAX_CV:.2f}", "reps": MIN_STABLE_REPS},
+        "ceiling_methods": ceiling_methods(ctx.results.table("bench/ceilings.csv")),
+        "above": pd.concat([findings.above_ceiling(ctx.results, t) for t in ctx.results.targets], ignore_index=True),
+        "gpu": any((ctx.results.env(t) or {}).get("device", {}).get("gpu_available") for t in ctx.results.targets),
         "ceiling_config": ctx.config.get("ceilings", {}),
         "thresholds": correctness_thresholds(ctx.config),
         "provenance": provenance,

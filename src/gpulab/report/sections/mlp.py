@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from gpulab.mlp.kernels import CATEGORIES, HOST_BOUND_SHARE, PHASES, short_kernel_name
-from gpulab.report import plots
+from gpulab.report import findings, plots
 
 ORDER = 50
 ID = "mlp"
@@ -213,4 +213,5 @@ def build(ctx: Any) -> dict[str, Any] | None:
         facet_titles=getattr(ctx, "target_labels", None),
         data_columns=["target", "variant", "status", "tflops", "ceiling_dtype", "ceiling_tflops", "pct_of_ceiling"])
     return {"targets": targets, "step_fig": step_fig, "tflops_fig": tflops_fig,
+            "above": findings.above_ceiling_in(ctx.results, "mlp/"),
             "host_bound_pct": round(100 * HOST_BOUND_SHARE)}

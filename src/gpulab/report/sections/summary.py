@@ -13,9 +13,12 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.bench.ops import OPS
 from gpulab.ceilings import BESIDE_THE_CASE
+from gpulab.report import findings
 from gpulab.report.results import ResultsIndex
 from gpulab.tables import IDENTIFYING_COLUMNS, STATUSES
+from gpulab.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 
 ORDER = 10
 ID = "summary"
@@ -42,12 +45,11 @@ class Headline:
     def measured(self) -> bool:
         return not math.isnan(self.value)
 
-    def shown(self, largest: float, value: float | None = None) -> tuple[float, str]:
-        """Value and unit as displayed: a CPU's 0.0062 TFLOP/s reads better as 6.2 GFLOP/s, unless
-        another target's figure (``largest`` of all) needs TFLOP/s: cards side by side share units."""
+    def shown(self, flops: findings.Unit, value: float | None = None) -> tuple[float, str]:
+        """Value and unit as displayed: matmul rates in the page's one unit for them (findings.flop_unit)."""
         value = self.value if value is None else value
-        if self.unit == "TFLOP/s" and largest < 0.1:
-            return value * 1e3, "GFLOP/s"
+        if self.unit == "TFLOP/s":
+            return value * flops.scale, flops.name
         return value, self.unit
 
 
@@ -169,17 +171,6 @@ def ceiling_headlines(results: ResultsIndex, target: str) -> list[Headline]:
     return out
 
 
-def above_ceiling_rows(results: ResultsIndex, target: str) -> int:
-    """ok benchmark rows faster than their ceiling by more than the spread of both: then that ceiling is not
-    trustworthy, and every percentage of it overstates how close a kernel is to the hardware."""
-    count = 0
-    for path in sorted(results.path(target, "bench").glob("*.csv")):
-        ok = _ok_rows(results.read_csv(path, target))
-        if "above_ceiling" in ok.columns:
-            count += int(ok["above_ceiling"].astype(str).str.lower().eq("true").sum())
-    return count
-
-
 HEADLINES: tuple[Callable[[ResultsIndex, str], Headline | list[Headline]], ...] = (
     gelu_headline, llm_headline, mlp_headline, ceiling_headlines,
 )
@@ -237,12 +228,25 @@ def outcomes(ctx: Any, target: str) -> tuple[pd.DataFrame, list[dict[str, Any]]]
     return pd.DataFrame(counts, columns=["artifact", *STATUSES]), problems
 
 
-def _delta(current: Headline, before: Headline | None, largest: float) -> dict[str, Any] | None:
+def not_ok_by_step(problems: list[dict[str, Any]], device_reason: str) -> dict[str, Any]:
+    """The rows that are not ok, per status and step (``bench 60, build 12``), and how many of them say the
+    target's own reason for having no GPU."""
+    by_status: dict[str, dict[str, int]] = {}
+    for p in problems:
+        steps = by_status.setdefault(p["status"], {})
+        step = p["artifact"].split("/", 1)[0]
+        steps[step] = steps.get(step, 0) + p["rows"]
+    no_gpu = sum(p["rows"] for p in problems if device_reason and device_reason in p["reason"])
+    return {"by_status": {s: {"total": sum(v.values()), "steps": v} for s, v in by_status.items()},
+            "no_gpu": no_gpu, "device_reason": device_reason}
+
+
+def _delta(current: Headline, before: Headline | None, flops: findings.Unit) -> dict[str, Any] | None:
     if before is None or not (current.measured and before.measured) or before.value == 0:
         return None
     change = 100.0 * (current.value / before.value - 1.0)
     better = change > 0 if current.higher_is_better else change < 0
-    return {"pct": change, "better": better, "before": current.shown(largest, before.value)[0]}
+    return {"pct": change, "better": better, "before": current.shown(flops, before.value)[0]}
 
 
 def _side_by_side(ctx: Any, table_rows: dict[str, dict[str, Any]],
@@ -267,9 +271,7 @@ def _side_by_side(ctx: Any, table_rows: dict[str, dict[str, Any]],
 
 def build(ctx: Any) -> dict[str, Any] | None:
     figures = {t: headlines(ctx.results, t) for t in ctx.results.targets}
-    largest: dict[str, float] = {}
-    for h in (h for hs in figures.values() for h in hs if h.measured):
-        largest[h.key] = max(largest.get(h.key, h.value), h.value)
+    flops = findings.flop_unit(ctx.results)
     targets = []
     table_rows: dict[str, dict[str, Any]] = {}
     llm_models: dict[str, str] = {}
@@ -283,9 +285,9 @@ def build(ctx: Any) -> dict[str, Any] | None:
         totals = {s: int(counts[s].sum()) if not counts.empty else 0 for s in STATUSES}
         tiles = []
         for h in figures[target]:
-            value, unit = h.shown(largest.get(h.key, math.nan))
+            value, unit = h.shown(flops)
             tiles.append({"h": h, "value": value, "unit": unit,
-                          "delta": _delta(h, before.get(h.key), largest.get(h.key, math.nan))})
+                          "delta": _delta(h, before.get(h.key), flops)})
         targets.append({
             "name": target,
             "device": device.get("name", "unknown device"),
@@ -301,7 +303,11 @@ def build(ctx: Any) -> dict[str, Any] | None:
             "totals": totals,
             "problems": problems,
             "headlines": tiles,
-            "above_ceiling": above_ceiling_rows(ctx.results, target),
+            "above": findings.above_ceiling(ctx.results, target),
+            "unstable": findings.instability(ctx.results, target),
+            "throttled": findings.throttled_rows(ctx.results, target) if device.get("gpu_available") else None,
+            "verdict": findings.verdict(ctx.results, target, tuple(OPS)),
+            "not_ok": not_ok_by_step(problems, device.get("reason", "")),
             "log_dir": ctx.link(log_dir) if (log_dir := ctx.results.path(target, "logs")).is_dir() else None,
         })
         for h in figures[target]:
@@ -310,4 +316,5 @@ def build(ctx: Any) -> dict[str, Any] | None:
             if h.key == "llm_decode" and h.measured:
                 llm_models[target] = h.detail.split(" · ", 1)[0]
     comparison = _side_by_side(ctx, table_rows, llm_models) if ctx.multi_target else None
-    return {"targets": targets, "comparison": comparison}
+    rule = {"ratio": f"{MAX_MEAN_OVER_MEDIAN:.2f}", "cv": f"{MAX_CV:.2f}", "reps": MIN_STABLE_REPS}
+    return {"targets": targets, "comparison": comparison, "rule": rule}
