@@ -164,3 +164,11 @@ def comparison_report() -> tuple[RenderedReport, dict[str, str]]:
     baseline, new, changed = make_run_pair(root)
     rendered = render_report(new, root / "compare.html", CONFIG, "pytest (comparison fixture)", baseline_dir=baseline)
     return rendered, changed
+
+
+@functools.cache
+def cpu_report() -> str:
+    """The recorded CPU run alone, rendered once: its page's HTML (read-only)."""
+    root = _SHARED / "cpu"
+    shutil.copytree(FIXTURE_RESULTS / "cpu", root / "results" / "cpu")
+    return render_report(root / "results", root / "report.html", CONFIG, "pytest (CPU run)").path.read_text()

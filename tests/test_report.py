@@ -6,11 +6,15 @@ run of this workflow, plus a second target derived from it with synthetic number
 
 from __future__ import annotations
 
+import atexit
 import base64
+import functools
 import io
 import json
 import math
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -21,13 +25,14 @@ from report_fixtures import (
     FIXTURE_RESULTS,
     SYNTHETIC_TARGET,
     comparison_report,
+    cpu_report,
     make_results,
     make_run_pair,
     two_target_report,
 )
 
 from gpulab.cli import main as gpulab_main
-from gpulab.report import plots
+from gpulab.report import findings, plots
 from gpulab.report.compare import (
     SLOWER,
     STATUS_CHANGED,
@@ -489,3 +494,127 @@ def test_fixture_readme_marks_synthetic_numbers(fixtures):
     assert "synthetic" in readme.lower() and SYNTHETIC_TARGET in readme
     env = json.loads((FIXTURE_RESULTS / "cpu/env/env.json").read_text())
     assert env["device"]["backend"] == "cpu" and not env["device"]["gpu_available"]
+
+
+# What a reviewer meets first: the verdict and the flags, computed from the rows -----------------------------
+
+
+def _section_text(html: str, section: str) -> str:
+    start = html.index(f'<section id="{section}"')
+    return re.sub(r"\s+", " ", html[start:html.index("</section>", start)])
+
+
+def _words(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html))
+
+
+@functools.cache
+def _flagged_report() -> tuple[str, Path]:
+    """The recorded CPU run with its MLP bf16 row at 199% of its ceiling and its fast LLM decode row at 120%."""
+    root = Path(tempfile.mkdtemp(prefix="gpulab-flagged-"))  # removed with the session's other renders below
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shutil.copytree(FIXTURE_RESULTS / "cpu", root / "results/cpu")
+    mlp = root / "results/cpu/mlp/summary.csv"
+    frame = pd.read_csv(mlp)
+    bf16 = frame["variant"] == "bf16"
+    frame.loc[bf16, "ceiling_tflops"] = frame.loc[bf16, "tflops"] / 1.99
+    frame.loc[bf16, "pct_of_ceiling"] = 199.0
+    frame.to_csv(mlp, index=False)
+    llm = root / "results/cpu/llm/tiny__fast.csv"
+    frame = pd.read_csv(llm)
+    frame.loc[frame["test"].astype(str).str.startswith("tg"), "pct_of_ceiling"] = 120.0
+    frame.to_csv(llm, index=False)
+    rendered = render_report(root / "results", root / "report.html", CONFIG, "pytest (flagged rows)")
+    assert rendered.errors == []
+    return rendered.path.read_text(), root / "results"
+
+
+def test_mlp_and_llm_rows_above_their_ceiling_are_flagged_and_counted_like_benchmark_rows():
+    html, results = _flagged_report()
+    summary = _section_text(html, "summary")
+    assert "Above a ceiling: 2 rows" in _words(summary)
+    assert "1 in <code>llm/tiny__fast.csv</code>" in summary and "1 in <code>mlp/summary.csv</code>" in summary
+    mlp, llm = _section_text(html, "mlp"), _section_text(html, "llm")
+    assert "1 MLP row above its measured ceiling" in mlp and 'class="above-ceiling"' in mlp
+    assert "1 LLM row above its measured ceiling" in llm and 'class="above-ceiling"' in llm
+    methodology = _section_text(html, "methodology")
+    assert "In this run 2 rows exceed their ceiling" in _words(methodology) and "no row exceeds" not in methodology
+    # The same rows, counted by the one function every section uses.
+    assert len(findings.above_ceiling(ResultsIndex(results), "cpu")) == 2
+
+
+def test_a_run_within_its_ceilings_says_so_and_flags_nothing():
+    html = cpu_report()
+    assert "Above a ceiling: none" in _words(_section_text(html, "summary"))
+    assert 'class="above-ceiling"' not in html
+    assert "In this run no row exceeds its ceiling." in _section_text(html, "methodology")
+
+
+def test_the_verdict_names_the_fastest_implementation_from_the_rows(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(FIXTURE_RESULTS / "cpu", results / "cpu")
+    gelu = pd.read_csv(results / "cpu/bench/gelu.csv")
+    ok = gelu[gelu["status"] == "ok"]
+    expected = ok.loc[ok.groupby(["size", "dtype"])["median_ms"].idxmin(), "impl"].value_counts()
+    verdict = findings.verdict(ResultsIndex(results), "cpu", ("gelu",))["bench"][0]
+    assert {w["impl"]: w["cells"] for w in verdict["wins"]} == expected.to_dict()
+    # Make cpp_ext the fastest everywhere: the verdict follows the data, not a typed sentence.
+    fast = gelu["impl"] == "cpp_ext"
+    gelu.loc[fast, "median_ms"] = gelu.loc[fast, "median_ms"] / 1000
+    gelu.to_csv(results / "cpu/bench/gelu.csv", index=False)
+    verdict = findings.verdict(ResultsIndex(results), "cpu", ("gelu",))["bench"][0]
+    assert verdict["wins"] == [{"impl": "cpp_ext", "cells": 9}]
+    assert verdict["laggard"]["impl"] != "cpp_ext"
+    html = render_report(results, tmp_path / "r.html", CONFIG, "pytest").path.read_text()
+    summary = _section_text(html, "summary")
+    assert "cpp_ext fastest in all 9 cells" in _words(summary)
+
+
+def test_unstable_rows_are_headlined_per_table_with_the_reason_and_no_gpu_words_on_a_cpu():
+    unstable = {u["table"]: u for u in findings.instability(ResultsIndex(FIXTURE_RESULTS), "cpu")}
+    assert unstable["llm/*.csv"]["why"].startswith("only because they have")
+    assert "median cv" in unstable["bench/gelu.csv"]["why"]
+    gelu = pd.read_csv(FIXTURE_RESULTS / "cpu/bench/gelu.csv")
+    assert unstable["bench/gelu.csv"]["unstable"] == int((gelu["stable"].astype(str) == "False").sum())
+    html = cpu_report()
+    summary = _section_text(html, "summary")
+    assert "gelu benchmark: " + str(unstable["bench/gelu.csv"]["unstable"]) + " of 36 rows" in _words(summary)
+    assert "throttl" not in summary and "throttl" not in _section_text(html, "bench")
+
+
+def test_methodology_lists_the_ceiling_methods_the_run_measured():
+    html = cpu_report()
+    text = _words(_section_text(html, "methodology"))
+    ceilings = pd.read_csv(FIXTURE_RESULTS / "cpu/bench/ceilings.csv")
+    ran = ceilings[(ceilings["kind"] == "add") & (ceilings["status"] == "ok")]["method"].unique()
+    assert list(ran) == ["torch.add"]
+    assert "add (two reads and one write): the best of torch.add; not measured here:" in text
+    assert "vector_add" not in text and "2-core" not in text and "RAISE_LIMIT" not in text
+
+
+def test_the_studys_run_beside_another_model_says_they_differ():
+    llm = _section_text(cpu_report(), "llm")
+    assert "Not the same model or machine" in llm and "<code>tiny</code> (tiny weights) on AMD EPYC" in llm
+    assert "You are a gifted poet." in llm and 'lang="zh-Hans"' in llm
+
+
+def test_no_figure_text_is_smaller_than_the_floor():
+    from gpulab.report.render import ReportContext
+    from gpulab.report.sections import bench, llm, mlp
+
+    plots.apply_style()
+    ctx = ReportContext(ResultsIndex(FIXTURE_RESULTS), FIXTURE_RESULTS.parent / "r.html", CONFIG, "pytest")
+    found = []
+    for module in (bench, mlp, llm):
+        data = module.build(ctx)
+        stack = [data]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, plots.Figure):
+                found.append(item)
+            elif isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+    assert len(found) >= 8
+    assert min(f.smallest_text_pt for f in found) >= plots.SMALL_PT

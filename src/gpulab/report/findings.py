@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from typing import NamedTuple
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 

@@ -43,6 +43,9 @@ KNOWN_SERIES = (
     "hf", "fast",  # LLM engines
 )
 CEILING_COLOR = "#222222"
+# The smallest text in any figure, in points: shown at 100 dpi that is 14 CSS px (digits about 10 px tall).
+SMALL_PT = 10
+ABOVE_COLOR = "#c0392b"
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,15 @@ class Figure:
     height: int
     caption: str = ""
     data: pd.DataFrame | None = field(default=None, compare=False)
+    smallest_text_pt: float = math.nan  # the smallest visible text drawn in it (SMALL_PT at least)
 
 
 def apply_style() -> None:
     sns.set_theme(context="notebook", style="whitegrid", palette=PALETTE)
     plt.rcParams.update({
-        "figure.dpi": 100, "savefig.dpi": DPI, "axes.titleweight": "bold", "axes.titlesize": 11,
-        "axes.labelsize": 10, "xtick.labelsize": 9, "ytick.labelsize": 9, "legend.fontsize": 9,
+        "figure.dpi": 100, "savefig.dpi": DPI, "axes.titleweight": "bold", "axes.titlesize": 12,
+        "axes.labelsize": 11, "xtick.labelsize": SMALL_PT, "ytick.labelsize": SMALL_PT, "legend.fontsize": SMALL_PT,
+        "legend.title_fontsize": SMALL_PT + 1, "font.size": SMALL_PT,
         "figure.autolayout": False, "svg.fonttype": "none",
     })
 
@@ -79,13 +84,21 @@ def _png_bytes(fig: plt.Figure) -> tuple[bytes, int, int]:
     return out.getvalue(), image.width, image.height
 
 
+def smallest_text(fig: plt.Figure) -> float:
+    """Font size (pt) of the smallest visible, non-empty text of the figure."""
+    sizes = [t.get_fontsize() for t in fig.findobj(matplotlib.text.Text)
+             if t.get_visible() and t.get_text().strip() and t.get_figure() is fig]
+    return float(min(sizes)) if sizes else math.nan
+
+
 def embed(fig: plt.Figure, alt: str, caption: str = "", data: pd.DataFrame | None = None) -> Figure:
     """Close the matplotlib figure and keep it as an embedded :class:`Figure` (image, text, data)."""
+    smallest = smallest_text(fig)
     png, width, height = _png_bytes(fig)
     uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     # Saved at DPI but shown at CSS pixels of a 100-dpi screen: sharp on high-density displays and print.
     scale = 100 / DPI
-    return Figure(uri, alt, round(width * scale), round(height * scale), caption, data)
+    return Figure(uri, alt, round(width * scale), round(height * scale), caption, data, smallest)
 
 
 def draw_ceiling(ax: plt.Axes, value: float, label: str, color: str = CEILING_COLOR) -> None:
@@ -192,7 +205,7 @@ def _facets(df: pd.DataFrame, col: str | None, facets: Sequence[str] | None) -> 
     return list(facets) if facets is not None else sorted(df[col].dropna().astype(str).unique())
 
 
-def _shared_legend(fig: plt.Figure, axes: Sequence[plt.Axes], title: str | None) -> None:
+def shared_legend(fig: plt.Figure, axes: Sequence[plt.Axes], title: str | None) -> None:
     handles: dict[str, object] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -285,12 +298,12 @@ def metric_vs_size(
         _facet_title(ax, facet, facet_titles, part.empty)
         if row_value is not None:
             title = (facet_titles or {}).get(row_value, row_value)
-            ax.set_title(f"{title} · {facet}" if facet is not None else title, fontsize=9)
+            ax.set_title(f"{title} · {facet}" if facet is not None else title, fontsize=SMALL_PT)
     # Only once every panel is drawn: set_ylim stops autoscaling, and on shared axes an earlier call froze
     # the scale at the first panel's data (later panels' lines ran off the top).
     for ax in axes:
         ax.set_ylim(bottom=0 if not logy else None)
-    _shared_legend(fig, axes, hue)
+    shared_legend(fig, axes, hue)
     columns = [c for c in (data_columns or []) if c in df.columns] or None
     return embed(fig, alt, caption, df[columns] if columns else df)
 
@@ -347,9 +360,10 @@ def bars_by_target(
     width = 0.8 / len(hues)
     for ax, facet in zip(axes, facet_values, strict=False):
         part = data if facet is None else data[data[col].astype(str) == facet]
+        shown = [c for c in categories if c in set(part[x].astype(str))] or categories  # no empty slots
         for h_i, h in enumerate(hues):
             rows = part if h is None else part[part[hue].astype(str) == h]
-            for c_i, cat in enumerate(categories):
+            for c_i, cat in enumerate(shown):
                 cell = rows[rows[x].astype(str) == cat]
                 if cell.empty:
                     continue
@@ -357,17 +371,26 @@ def bars_by_target(
                 pos = c_i - 0.4 + width * (h_i + 0.5)
                 ax.bar(pos, value, width=width * 0.92, color=colors[h if h is not None else cat], label=h, zorder=2)
                 _bar_marks(ax, cell, pos, width, value, (err_low, err_high), (ceiling_col, ceiling_label))
-                ax.annotate(value_format.format(value), (pos, value), ha="center", va="bottom", fontsize=8,
-                            xytext=(0, 2), textcoords="offset points")
+                _bar_value(ax, cell, pos, value, value_format, ceiling_col)
         _ceiling_lines(ax, ceilings, facet)
-        ax.set_xticks(range(len(categories)), [textwrap.fill(c, 18) for c in categories])
+        ax.set_xticks(range(len(shown)), [textwrap.fill(c, 18) for c in shown])
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
         ax.margins(y=0.12)
         _facet_title(ax, facet, facet_titles, part.empty)
-    _shared_legend(fig, axes, hue)
+    shared_legend(fig, axes, hue)
     columns = [c for c in (data_columns or []) if c in df.columns] or None
     return embed(fig, alt, caption, df[columns] if columns else df)
+
+
+def _bar_value(ax: plt.Axes, cell: pd.DataFrame, pos: float, value: float, value_format: str,
+               ceiling_col: str | None) -> None:
+    """The bar's value above it; in red and said so where the bar is above its own ceiling."""
+    top = float(cell[ceiling_col].iloc[0]) if ceiling_col and ceiling_col in cell else math.nan
+    above = value > top  # NaN compares false
+    ax.annotate(value_format.format(value) + (" above ceiling" if above else ""), (pos, value), ha="center",
+                va="bottom", fontsize=SMALL_PT, xytext=(0, 2), textcoords="offset points",
+                color=ABOVE_COLOR if above else CEILING_COLOR, fontweight="bold" if above else "normal")
 
 
 def _bar_marks(ax: plt.Axes, cell: pd.DataFrame, pos: float, width: float, value: float,
@@ -422,7 +445,7 @@ def ratio_heatmap(
     span = max(float(np.abs(finite - math.log(center)).max()) if finite.size else 0.0, math.log(1.5))
     norm = TwoSlopeNorm(vcenter=math.log(center), vmin=math.log(center) - span, vmax=math.log(center) + span)
     rows = max((len(g) for g in grids), default=1)
-    fig, axes = _panels(len(facet_values), height=max(2.2, 0.32 * rows + 1.2), sharey=False)
+    fig, axes = _panels(len(facet_values), height=max(2.2, 0.42 * rows + 1.4), sharey=False)
     cmap = "RdBu" if higher_is_better else "RdBu_r"
     for ax, facet, grid in zip(axes, facet_values, grids, strict=False):
         if grid.empty:
@@ -434,13 +457,13 @@ def ratio_heatmap(
         logged = np.log(grid.where(grid > 0))
         annot = grid.map(lambda v: "–" if pd.isna(v) else fmt.format(v))
         sns.heatmap(logged, ax=ax, cmap=cmap, norm=norm, annot=annot, fmt="", cbar=False, linewidths=0.5,
-                    linecolor="white", annot_kws={"fontsize": 8})
+                    linecolor="white", annot_kws={"fontsize": SMALL_PT})
         ax.set_xlabel(columns)
         ax.set_ylabel(" / ".join(index))
         ax.tick_params(axis="x", rotation=30)
         ax.tick_params(axis="y", rotation=0)
         _facet_title(ax, facet, facet_titles, False)
-    fig.suptitle(label, fontsize=10, y=1.0)
+    fig.suptitle(label, fontsize=SMALL_PT + 1, y=1.0)
     fig.tight_layout()
     return embed(fig, alt, caption, df)
 
@@ -487,7 +510,7 @@ def ratio_strip(
         mean = float(np.exp(np.log(values).mean()))
         ax.scatter([mean], [i], marker="D", s=46, color="white", edgecolors=CEILING_COLOR, linewidths=1.4,
                    zorder=4, label="geometric mean")
-        ax.annotate(f"{mean:.2f}×", (mean, i), xytext=(7, -3), textcoords="offset points", fontsize=8)
+        ax.annotate(f"{mean:.2f}×", (mean, i), xytext=(7, -3), textcoords="offset points", fontsize=SMALL_PT)
     ax.axvline(reference, color=CEILING_COLOR, linestyle="--", linewidth=1.1, zorder=1)
     ax.set_xscale("log")
     ax.set_yticks(range(len(rows)), rows)
@@ -502,7 +525,7 @@ def ratio_strip(
     ax.xaxis.set_major_locator(FixedLocator(nice))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}×"))
-    _shared_legend(fig, [ax], hue)
+    shared_legend(fig, [ax], hue)
     return embed(fig, alt, caption, data if data is not None else df)
 
 
@@ -526,14 +549,14 @@ def value_heatmap(
     grid = df.pivot_table(index=index, columns=columns, values=values, aggfunc="first")
     if column_order is not None:
         grid = grid[[c for c in column_order if c in grid.columns]]
-    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN * 0.8, max(2.2, 0.34 * len(grid) + 1.3)))
+    fig, ax = plt.subplots(figsize=(FIG_WIDTH_IN * 0.8, max(2.2, 0.4 * len(grid) + 1.3)))
     annot = grid.map(lambda v: "–" if pd.isna(v) else fmt.format(v))
     sns.heatmap(grid.astype(float), ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, annot=annot, fmt="", cbar=True,
-                linewidths=0.5, linecolor="white", annot_kws={"fontsize": 8}, cbar_kws={"label": label})
+                linewidths=0.5, linecolor="white", annot_kws={"fontsize": SMALL_PT}, cbar_kws={"label": label})
     ax.grid(False)  # empty cells stay blank instead of showing the style's grid
     ax.set_xlabel(columns)
     ax.set_ylabel(index)
     ax.tick_params(axis="y", rotation=0)
-    ax.set_title(label, loc="left", fontsize=10)
+    ax.set_title(label, loc="left", fontsize=SMALL_PT + 1)
     fig.tight_layout()
     return embed(fig, alt, caption, df)

@@ -72,48 +72,51 @@ def unsteady(df: pd.DataFrame) -> pd.DataFrame:
     if ok.empty or "stable" not in ok.columns:
         return pd.DataFrame()
     unstable = ok["stable"].astype(str).str.lower() != "true"
-    throttled = ok["throttled"].astype(str).str.startswith("yes")
+    throttled = ok.get("throttled", pd.Series("", index=ok.index)).astype(str).str.startswith("yes")
     out = ok[unstable | throttled]
     columns = ["target", "impl", "size", "dtype", "stable", "reps", "cv", "mean_ms", "median_ms", "throttled"]
     return out[columns if throttled.any() else columns[:-1]]
 
 
-def shape_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,
-                 ylow: str, yhigh: str, ylabel: str, alt: str, caption: str, data_columns: list[str],
-                 **_: Any) -> plots.Figure:
-    """GB/s per 2-D shape (in size order, one panel per dtype): softmax shapes of equal byte size
-    (16384x1024 and 65536x256) would stack on a numeric size axis, so the axis names the shapes."""
+def size_label(size: str) -> str:
+    """A size as every figure and heading of this section shows it: elements per tensor in short form
+    (98.4k, 4.19M), or a softmax shape (rows x columns) as it is."""
+    return plots.format_count(float(size)) if str(size).isdigit() else str(size)
+
+
+def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,
+                ylow: str, yhigh: str, ylabel: str, xlabel: str, alt: str, caption: str,
+                data_columns: list[str]) -> plots.Figure:
+    """GB/s per size, in size order (one panel per dtype), for every op alike: each implementation a line with
+    its p10-p90 band, the ceiling at each size dotted and the ceiling at the largest size dashed."""
     import matplotlib.pyplot as plt
 
     ok = df[df["status"] == "ok"]
     order = list(ok.sort_values(["tensor_bytes", "numel"])["size"].astype(str).drop_duplicates())
-    position = {shape: i for i, shape in enumerate(order)}
-    names = plots.series_order(ok[hue].astype(str).unique())
+    position = {size: i for i, size in enumerate(order)}
+    names = plots.series_order(n for n in ok[hue].astype(str).unique() if n != SAME_SIZE)
     colors = plots.series_colors(names)
-    fig, axes = plt.subplots(1, len(facets), figsize=(plots.FIG_WIDTH_IN, plots.PANEL_HEIGHT_IN + 0.4),
+    fig, axes = plt.subplots(1, len(facets), figsize=(plots.FIG_WIDTH_IN, plots.PANEL_HEIGHT_IN + 0.5),
                              sharey=True, squeeze=False)
     for ax, facet in zip(axes[0], facets, strict=True):
-        part = ok[ok[col] == facet]
+        part = ok[ok[col] == facet].assign(pos=lambda d: d["size"].astype(str).map(position)).sort_values("pos")
         for name in names:
-            line = part[part[hue].astype(str) == name].assign(pos=lambda d: d["size"].astype(str).map(position))
-            line = line.sort_values("pos")
-            if line.empty:
-                continue
-            same_bytes = name == SAME_SIZE
-            ax.plot(line["pos"], line[y], marker="o", markersize=4, linewidth=1.6, color=colors[name], label=name,
-                    linestyle=":" if same_bytes else "-")
-            if not same_bytes:
+            line = part[part[hue].astype(str) == name]
+            if not line.empty:
+                ax.plot(line["pos"], line[y], marker="o", markersize=4, linewidth=1.6, color=colors[name], label=name)
                 ax.fill_between(line["pos"], line[ylow], line[yhigh], color=colors[name], alpha=0.18, linewidth=0)
+        same = part[part[hue].astype(str) == SAME_SIZE]
+        if not same.empty:
+            ax.plot(same["pos"], same[y], marker=".", linestyle=":", linewidth=1.4, color=plots.CEILING_COLOR,
+                    label=SAME_SIZE)
         for label, value in ceilings.get(facet, {}).items():
             plots.draw_ceiling(ax, value, label)
-        ax.set_xticks(range(len(order)), order, rotation=35, ha="right")
+        ax.set_xticks(range(len(order)), [size_label(s) for s in order], rotation=35, ha="right")
         ax.set_title(facet)
-        ax.set_xlabel("shape (rows x cols), by size")
+        ax.set_xlabel(xlabel)
         ax.set_ylim(bottom=0)
     axes[0][0].set_ylabel(ylabel)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 7), frameon=False, bbox_to_anchor=(0.5, 1.0))
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
+    plots.shared_legend(fig, list(axes[0]), None)
     return plots.embed(fig, alt, caption, df[[c for c in data_columns if c in df.columns]])
 
 
@@ -252,7 +255,7 @@ def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, l
         best = best[best["best"].astype(str).str.lower() == "true"]
         for dtype, rows in best.groupby("dtype"):
             top = rows.loc[pd.to_numeric(rows["tensor_bytes"]).idxmax()]
-            lines[str(dtype)] = {f"{pattern} ceiling, largest size ({top['method']})": float(top["gbps"])}
+            lines[str(dtype)] = {f"{pattern} ceiling at the largest size": float(top["gbps"])}
     figures = []
     if not _ok(mine).empty:
         curve = _ok(mine).drop_duplicates(["size", "dtype"])
@@ -260,26 +263,26 @@ def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, l
         curve = curve.assign(impl=SAME_SIZE, gbps=curve.get("ceiling_gbps"), gbps_p10=math.nan,
                              gbps_p90=math.nan, median_ms=math.nan, pct_of_ceiling=math.nan, rel_err=math.nan)
         plotted = pd.concat([mine, curve], ignore_index=True) if not curve.empty else mine
-        # 2-D shapes of equal byte size would stack on a numeric size axis: their axis names the shapes
-        draw = shape_figure if op in OP_SPECS and OP_SPECS[op].ndim == 2 else plots.metric_vs_size
-        figures.append(draw(
-            plotted, x="tensor_bytes", y="gbps", hue="impl", col="dtype", facets=dtypes, ceilings=lines,
-            ylow="gbps_p10", yhigh="gbps_p90", xformat="bytes", xlabel="input tensor size",
-            ylabel="GB/s (fewest bytes / median)", alt=f"{op}: achieved bandwidth against input size per "
-            f"implementation and dtype on {label}, with the measured {pattern} ceiling",
-            caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dashed: the {pattern} ceiling (best of several "
-                    f"methods) at its largest measured size; '{SAME_SIZE}': the {pattern} ceiling measured at each "
-                    "case's own size, which its '% of ceiling' is relative to (where a case beat every method at its "
-                    "size, the fastest case: see Methodology). Where that line is below half the dashed one the size "
-                    "is latency-bound and has no '% of ceiling'; a case above the dashed line is not above its "
-                    "ceiling, which is the same-size one.",
+        shape = op in OP_SPECS and OP_SPECS[op].ndim == 2
+        figures.append(size_figure(
+            plotted, y="gbps", hue="impl", col="dtype", facets=dtypes, ceilings=lines,
+            ylow="gbps_p10", yhigh="gbps_p90", ylabel="GB/s (fewest bytes / median time)",
+            xlabel="shape (rows × columns)" if shape else "elements per tensor",
+            alt=f"{op}: achieved bandwidth against size per implementation and dtype on {label}, with the "
+                f"measured {pattern} ceiling",
+            caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dotted, '{SAME_SIZE}': the {pattern} "
+                    "ceiling measured at each size, which '% of ceiling' is relative to (where a case beat every "
+                    f"method at its size, the fastest case). Dashed: the {pattern} ceiling at the largest size; "
+                    "where the dotted line is below half of it the size is latency-bound and has no '% of "
+                    "ceiling'.",
             data_columns=["impl", "size", "dtype", "status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
                           "gbps", "pattern", "ceiling_gbps", "ceiling_bytes", "ceiling_method", "regime",
                           "pct_of_ceiling", "rel_err", "cold_call_ms", "throttled", "reason"]))
     ups = speedups(mine)
     ups = ups[ups["impl"] != BASELINE]
     if not ups.empty:
-        ups = ups.assign(size=pd.Categorical(ups["size"].astype(str), categories=_size_order(ups), ordered=True))
+        order = [size_label(s) for s in _size_order(ups)]
+        ups = ups.assign(size=pd.Categorical(ups["size"].astype(str).map(size_label), categories=order, ordered=True))
         figures.append(plots.ratio_heatmap(
             ups, index="size", columns="impl", values="speedup", col="dtype", facets=dtypes,
             label=f"{op}: speed-up over native (×, median time; above 1 is faster)",
@@ -297,6 +300,10 @@ def build(ctx: Any) -> dict[str, Any] | None:
     # Vector sizes read back as integers, softmax shapes as text: one type for the column.
     frames = {op: df.assign(size=df["size"].astype(str)) for op, df in frames.items()}
     targets = [t for t in ctx.results.targets if any(t in set(df["target"]) for df in frames.values())]
+    if not any((ctx.devices.get(t) or {}).get("gpu_available") for t in targets):
+        # No GPU, no throttling to report: the column only says so on every row.
+        frames = {op: df.drop(columns=["throttled"], errors="ignore") for op, df in frames.items()}
+        ceilings = ceilings.drop(columns=["throttled"], errors="ignore")
     labels = ctx.target_labels
     ops = []
     for op, df in frames.items():
@@ -307,7 +314,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
                 "name": target, "label": labels.get(target, target),
                 "figures": op_figures(df, ceilings, op, target, labels.get(target, target)),
                 "counts": mine["status"].value_counts().to_dict(),
-                "sizes": ", ".join(_size_order(mine)),
+                "sizes": ", ".join(size_label(s) for s in _size_order(mine)),
+                "size_words": "elements per tensor" if mine["size"].str.isdigit().all() else "rows × columns",
             })
         ops.append({"op": op, "title": OP_SPECS[op].title, "pattern": OP_SPECS[op].pattern,
                     "formula": OP_SPECS[op].formula, "targets": per_target, "fastest": fastest(df),

@@ -133,7 +133,7 @@ def pitfalls_figure(pit: pd.DataFrame, target: str) -> plots.Figure | None:
             value = float(cell["ms"].iloc[0])
             pos = j - 0.2 + width * i
             ax.bar(pos, value, width=width * 0.92, color=colors[impl], label=impl if j == 0 else None, zorder=2)
-            ax.annotate(f"{value:.3g}", (pos, value), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+            ax.annotate(f"{value:.3g}", (pos, value), ha="center", va="bottom", fontsize=plots.SMALL_PT, xytext=(0, 2),
                         textcoords="offset points")
     ax.set_yscale("log")
     plain = FuncFormatter(lambda value, _: f"{value:g}")  # 22, not 2.2x10^1
@@ -142,7 +142,7 @@ def pitfalls_figure(pit: pd.DataFrame, target: str) -> plots.Figure | None:
     if high < 10 * low:  # within a decade only the minor ticks are labelled
         ax.yaxis.set_minor_formatter(plain)
     timers = {m: ok.loc[ok["method"] == m, "timer"].iloc[0] for m in methods}
-    ax.set_xticks(range(len(methods)), [method_label(m, timers[m]) for m in methods], fontsize=8)
+    ax.set_xticks(range(len(methods)), [method_label(m, timers[m]) for m in methods], fontsize=plots.SMALL_PT)
     ax.set_ylabel("reported time (ms, log scale)")
     ax.set_title(target, loc="left")
     ax.legend(title="implementation", frameon=False)

@@ -89,7 +89,8 @@ def ceilings_table(ctx: Any) -> pd.DataFrame:
 
 
 SWEEP = re.compile(r"^triton b\d+ w\d+$")
-METHOD_WORDS = {"triton": "a Triton kernel swept over block sizes and warp counts", "cpp_ext": "the C++ extension's kernel"}
+METHOD_WORDS = {"triton": "a Triton kernel swept over block sizes and warp counts",
+                "cpp_ext": "the C++ extension's kernel"}
 
 
 def ceiling_methods(ceilings: pd.DataFrame) -> list[dict[str, Any]]:
@@ -235,8 +236,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "walls": f"{GPU_MAX_WALL_S:g} s (GPU) or {CPU_MAX_WALL_S:g} s (CPU)",
         "in_use": timing_in_use(ctx),
         "ceilings": ceilings_table(ctx),
-        "kind_words": {"read": "one read, a reduction", "copy": "one read and one write", "add": "two reads and one write",
-                       "matmul": "2·M·N·K operations per product"},
+        "kind_words": {"read": "one read, a reduction", "copy": "one read and one write",
+                       "add": "two reads and one write", "matmul": "2·M·N·K operations per product"},
         "raise_pct": round(100 * (RAISE_LIMIT - 1)),
         "rule": {"ratio": f"{MAX_MEAN_OVER_MEDIAN:.2f}", "cv": f"{MAX_CV:.2f}", "reps": MIN_STABLE_REPS},
         "ceiling_methods": ceiling_methods(ctx.results.table("bench/ceilings.csv")),

@@ -65,7 +65,7 @@ def top_kernels_figure(top: pd.DataFrame, unit: str, label: str) -> plots.Figure
             ax.barh(grid.index, grid[phase], left=left, color=colors[phase], label=phase, height=0.7)
             left += grid[phase]
         ax.set_title(variant, loc="left")
-        ax.tick_params(axis="y", labelsize=8)
+        ax.tick_params(axis="y", labelsize=plots.SMALL_PT)
     axes[-1, 0].set_xlabel(unit)
     handles, labels = [], []
     for ax in axes[:, 0]:
@@ -89,7 +89,7 @@ def shares_figure(shares: pd.DataFrame, label: str) -> plots.Figure:
         ax.barh(shares["variant"], values, left=left, color=colors[category], label=category, height=0.6)
         for y, (start, width) in enumerate(zip(left, values, strict=True)):
             if width >= 7:
-                ax.text(start + width / 2, y, f"{width:.0f}%", ha="center", va="center", fontsize=8)
+                ax.text(start + width / 2, y, f"{width:.0f}%", ha="center", va="center", fontsize=plots.SMALL_PT)
         left += values
     ax.set_xlim(0, 100)
     ax.set_xlabel(f"share of {label} (%)")
@@ -113,7 +113,9 @@ def host_bound_labels(summary: pd.DataFrame) -> list[str]:
     return labels
 
 
-def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
+def summary_table(summary: pd.DataFrame, unit: findings.Unit) -> pd.DataFrame:
+    rate = pd.to_numeric(summary.get("tflops"), errors="coerce") * unit.scale
+    ceiling = pd.to_numeric(summary.get("ceiling_tflops"), errors="coerce") * unit.scale
     table = pd.DataFrame({
         "variant": summary["variant"],
         "status": summary["status"],
@@ -125,8 +127,8 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         "kernel time / step (ms)": summary.get("profiled_ms_per_step"),
         "kernel time / step time (%)": pd.to_numeric(summary.get("kernel_step_share"), errors="coerce") * 100,
         "bound": host_bound_labels(summary),
-        "TFLOP/s": summary.get("tflops"),
-        "ceiling (TFLOP/s)": summary.get("ceiling_tflops"),
+        unit.name: rate,
+        f"ceiling ({unit.name})": ceiling,
         "ceiling dtype": summary.get("ceiling_dtype"),
         "% of ceiling": summary.get("pct_of_ceiling"),
         "GEMM share (%)": pd.to_numeric(summary.get("matmul_share"), errors="coerce") * 100,
@@ -172,6 +174,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         return None
     kernels = ctx.results.table("mlp/kernels.csv")
     targets = []
+    rate_unit = findings.flop_unit(ctx.results)
     for target in [t for t in ctx.results.targets if t in set(summary["target"])]:
         rows = summary[summary["target"] == target].copy()
         rows = rows.set_index("variant").loc[_variant_order(rows["variant"])].reset_index()
@@ -194,7 +197,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
             "activities": first.get("activities"),
             "shape": {k: first.get(k) for k in ("dim", "num_layers", "batch", "profiled_steps")},
             "flops": first.get("step_matmul_flops"),
-            "table": summary_table(rows),
+            "table": summary_table(rows, rate_unit),
             "figures": figures,
             "files": files,
             "kernels": kernel_rows,
@@ -206,10 +209,12 @@ def build(ctx: Any) -> dict[str, Any] | None:
         alt="Median step time per MLP variant and target", err_low="p10_ms", err_high="p90_ms",
         facet_titles=getattr(ctx, "target_labels", None),
         data_columns=["target", "variant", "status", "median_ms", "p10_ms", "p90_ms", "reps", "timer"])
+    rates = summary.assign(rate=pd.to_numeric(summary["tflops"], errors="coerce") * rate_unit.scale,
+                           ceiling=pd.to_numeric(summary["ceiling_tflops"], errors="coerce") * rate_unit.scale)
     tflops_fig = plots.bars_by_target(
-        summary, x="variant", y="tflops", ylabel="matmul TFLOP/s (fwd+bwd)",
-        alt="Achieved matmul TFLOP/s per MLP variant against the measured matmul ceiling of its dtype",
-        ceiling_col="ceiling_tflops", ceiling_label="measured matmul ceiling (variant's dtype)",
+        rates, x="variant", y="rate", ylabel=f"matmul {rate_unit.name} (fwd+bwd)",
+        alt=f"Achieved matmul {rate_unit.name} per MLP variant against the measured matmul ceiling of its dtype",
+        ceiling_col="ceiling", ceiling_label="measured matmul ceiling (variant's dtype)",
         facet_titles=getattr(ctx, "target_labels", None),
         data_columns=["target", "variant", "status", "tflops", "ceiling_dtype", "ceiling_tflops", "pct_of_ceiling"])
     return {"targets": targets, "step_fig": step_fig, "tflops_fig": tflops_fig,
