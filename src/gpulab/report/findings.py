@@ -19,7 +19,7 @@ from gpulab.report.results import ResultsIndex
 from gpulab.tables import IDENTIFYING_COLUMNS
 from gpulab.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 
-# The ceiling each kind of row is placed against, as the report names it.
+# The column holding a row's percentage of its measured ceiling (benchmark, MLP and LLM tables).
 PCT_COLUMN = "pct_of_ceiling"
 # Above this a percentage of a ceiling is flagged (a row that set its own ceiling can read 100.00000000000001).
 ABOVE_PCT = 100 + 1e-6
