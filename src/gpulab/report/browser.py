@@ -88,11 +88,11 @@ PAGE_CHECK_JS = r"""
 """
 
 # Under print media: collapsed tables must be laid out (their content has a height), except the data
-# behind a figure, which the printed figure stands for.
+# behind a figure, which the printed figure stands for, and full row dumps the page summarises elsewhere.
 PRINT_CHECK_JS = r"""
 (() => {
   const hidden = [];
-  for (const d of document.querySelectorAll("details:not(.figure-data)")) {
+  for (const d of document.querySelectorAll("details:not(.figure-data, .raw-data)")) {
     const body = [...d.children].find(c => c.tagName !== "SUMMARY");
     if (body && body.getBoundingClientRect().height === 0) {
       hidden.push((d.querySelector("summary") || {}).textContent || "details");

@@ -326,8 +326,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
     ours = study[[f"{t} (ms)" for t in targets]] if targets else pd.DataFrame()
     ceilings = with_regime(ceilings)
     ceiling_rows = ceilings[[c for c in ("target", "kind", "dtype", "size", "method", "best", "status", "gbps",
-                                         "regime", "tflops", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable",
-                                         "throttled", "reason") if c in ceilings.columns]]
+                                         "tflops", "regime", "median_ms", "cv", "reps", "stable", "throttled",
+                                         "reason") if c in ceilings.columns]]
     return {
         "ops": ops,
         "study": study,

@@ -70,7 +70,7 @@ def _versions(env: dict[str, Any]) -> dict[str, str]:
         "nvcc": (compilers.get("nvcc") or {}).get("version") or None,
         "Workflow commit": ((env.get("git") or {}).get("commit") or "")[:12] or None,
         "Config hash": env.get("config_hash"),
-        "Fingerprint": env.get("fingerprint"),
+        "Environment hash": env.get("fingerprint"),
     }
     return {k: str(v) for k, v in versions.items() if v not in (None, "")}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import pandas as pd
@@ -56,19 +57,14 @@ def bench_table(df: pd.DataFrame) -> pd.DataFrame:
             "weights": first.get("model_source"),
             "engine": engine,
             "status": "ok" if statuses == ["ok"] else ", ".join(s for s in statuses if s != "ok"),
-            "pp": str(pp["test"]) if pp is not None else "–",
-            "pp tok/s": _mean_sd(pp),
-            "tg": str(tg["test"]) if tg is not None else "–",
-            "tg tok/s": _mean_sd(tg),
+            "prefill tok/s": _test_mean_sd(pp),
+            "decode tok/s": _test_mean_sd(tg),
             "TTFT (ms)": _num(ttft, "mean_ms"),
             "study tok/s": _num(run, "tok_s"),
             "decode GB/s": _num(tg, "gbps"),
-            "GB/s counting all weights": _num(tg, "gbps_all_weights"),
             "% of ceiling": _num(tg, "pct_of_ceiling"),
-            "ceiling": tg.get("ceiling_pattern") if tg is not None else "–",
             "roofline tok/s": _num(tg, "roofline_tok_s"),
             "peak alloc (GiB)": pd.to_numeric(group.get("peak_alloc_gib"), errors="coerce").max(),
-            "peak reserved (GiB)": pd.to_numeric(group.get("peak_reserved_gib"), errors="coerce").max(),
             "load (s)": _num(first, "load_s"),
         })
     return pd.DataFrame(rows)
@@ -81,11 +77,31 @@ def _num(row: pd.Series | None, column: str) -> float:
     return float(value)
 
 
+def _test_mean_sd(row: pd.Series | None) -> str:
+    """``tg128: 178.2 ± 0.4``: the test (its length) with its tokens/s."""
+    return "–" if row is None else f"{row['test']}: {_mean_sd(row)}"
+
+
 def _mean_sd(row: pd.Series | None) -> str:
     mean, sd = _num(row, "tok_s"), _num(row, "tok_s_sd")
     if math.isnan(mean):
         return "–"
     return f"{mean:,.1f} ± {sd:,.1f}" if not math.isnan(sd) else f"{mean:,.1f}"
+
+
+# The correctness table's columns in words.
+CHECK_COLUMNS = {"model_source": "weights", "tokens_match": "tokens match", "first_mismatch": "first mismatch",
+                 "logit_rel_err": "logit error (relative)", "worst_position": "at position",
+                 "ref_self_err": "transformers against itself"}
+
+
+def check_words(test: str) -> str:
+    """A check's name with what it checks: ``teacher256`` is teacher forcing over 256 positions."""
+    if match := re.fullmatch(r"greedy(\d+)", str(test)):
+        return f"{test}: the first {match.group(1)} greedy tokens equal generate's"
+    if match := re.fullmatch(r"teacher(\d+)", str(test)):
+        return f"{test}: logits over {match.group(1)} teacher-forced positions within the bound"
+    return str(test)
 
 
 def unlike_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -208,6 +224,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
     check_table = checks[[c for c in ("target", "model", "model_source", "engine", "test", "status", "tokens_match",
                                       "first_mismatch", "logit_rel_err", "worst_position", "ref_self_err", "reason")
                           if c in checks.columns]]
+    check_table = check_table.assign(test=check_table["test"].map(check_words)).rename(columns=CHECK_COLUMNS)
     kernels = df.drop_duplicates(["target", "model", "engine"])
     kernel_table = kernels[[c for c in ("target", "model", "engine", "device", "dtype", "attn_impl", "sdpa_kernel",
                                         "graph_mode", "aotriton_experimental", "engine_detail")

@@ -80,8 +80,8 @@ def ceilings_table(ctx: Any) -> pd.DataFrame:
     from gpulab.report.sections.bench import with_regime
 
     frame = with_regime(frame)
-    keep = [c for c in ("target", "status", "kind", "dtype", "size", "method", "gbps", "regime", "tflops", "median_ms",
-                        "p10_ms", "p90_ms", "cv", "reps", "stable", "timer", "reason") if c in frame.columns]
+    keep = [c for c in ("target", "kind", "dtype", "size", "method", "gbps", "tflops", "regime", "median_ms", "cv",
+                        "reps", "stable") if c in frame.columns]
     # The ceilings themselves; every method's row is in the benchmark section.
     if "best" in frame.columns:
         frame = frame[frame["best"].astype(str).str.lower() == "true"]
