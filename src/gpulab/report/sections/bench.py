@@ -114,6 +114,7 @@ def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[st
         ax.set_xticks(range(len(order)), [size_label(s) for s in order], rotation=35, ha="right")
         ax.set_title(facet)
         ax.set_xlabel(xlabel)
+    for ax in axes[0]:  # once all panels are drawn: on shared axes an earlier call froze the first panel's scale
         ax.set_ylim(bottom=0)
     axes[0][0].set_ylabel(ylabel)
     plots.shared_legend(fig, list(axes[0]), None)
@@ -186,7 +187,7 @@ def problems(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     grouped = bad.groupby(["target", "impl", "status", "reason"], sort=False)
     return pd.DataFrame([{"target": t, "impl": i, "status": s, "cases": len(g),
-                          "sizes": ", ".join(dict.fromkeys(g["size"].astype(str))), "reason": r}
+                          "sizes": ", ".join(dict.fromkeys(g["size"].astype(str).map(size_label))), "reason": r}
                          for (t, i, s, r), g in grouped])
 
 
