@@ -132,6 +132,7 @@ def _gate(op: str, factory, *, writes_out: bool = False, shape=(ODD_ELEMENTS,), 
     return run_case(Case(op, "under_test", shape, dtype, "cpu"), ctx(), FAST, registry=registry)
 
 
+@pytest.mark.slow
 def test_gate_passes_the_real_implementations_on_odd_sizes():
     for op, shape in (("gelu", (ODD_ELEMENTS,)), ("softmax", ODD_ROWS), ("add", (ODD_ELEMENTS,))):
         for impl in ("manual", "native"):
@@ -652,6 +653,7 @@ def test_a_cpu_cell_times_the_reference_beside_each_case_and_places_the_case_aga
     assert BENCH.read(tmp_path / "add.csv")["reference_method"].eq("torch.add").all()
 
 
+@pytest.mark.slow
 def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_limit_fails_loudly(monkeypatch):
     import gpulab.bench.impls as impls
 
@@ -704,6 +706,7 @@ def _run_in_triton_interpreter(code: str) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_triton_kernels_are_correct_in_the_interpreter():
     pytest.importorskip("triton")
     code = (
