@@ -452,6 +452,7 @@ def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypat
     assert {r["reason"] for r in rows} == {"teacher forcing: logits at position 7 differ"}
 
 
+@pytest.mark.slow
 def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_eager(tiny):
     """On a GPU the fast engine compiles its prefill's layer (dynamic shapes); Inductor's CPU backend runs the
     same trace here: one graph for every layer and for prompts of 16 and 40 tokens, the logits those of the eager

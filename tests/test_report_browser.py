@@ -45,6 +45,7 @@ def _check(html: Path, name: str, expected: list[str]):
     return check
 
 
+@pytest.mark.slow
 def test_two_target_report_passes_in_the_browser():
     rendered = two_target_report()
     expected = [s["title"] for s in rendered.sections]
@@ -58,6 +59,7 @@ def test_two_target_report_passes_in_the_browser():
     assert SYNTHETIC_TARGET in html
 
 
+@pytest.mark.slow
 def test_single_target_report_passes_and_has_no_cross_target_section(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
@@ -68,6 +70,7 @@ def test_single_target_report_passes_and_has_no_cross_target_section(tmp_path):
     _check(rendered.path, "single-target", expected)
 
 
+@pytest.mark.slow
 def test_comparison_report_passes_in_the_browser():
     rendered, _ = comparison_report()
     expected = [s["title"] for s in rendered.sections]
