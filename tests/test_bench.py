@@ -132,6 +132,7 @@ def _gate(op: str, factory, *, writes_out: bool = False, shape=(ODD_ELEMENTS,), 
     return run_case(Case(op, "under_test", shape, dtype, "cpu"), ctx(), FAST, registry=registry)
 
 
+@pytest.mark.slow
 def test_gate_passes_the_real_implementations_on_odd_sizes():
     for op, shape in (("gelu", (ODD_ELEMENTS,)), ("softmax", ODD_ROWS), ("add", (ODD_ELEMENTS,))):
         for impl in ("manual", "native"):
@@ -630,6 +631,7 @@ def test_a_cell_takes_its_cases_blocks_in_turn_over_the_minimum_span():
     assert [r["status"] for r in rows] == ["failed", "ok"] and rows[0]["reason"] == "RuntimeError: device lost"
 
 
+@pytest.mark.slow
 def test_a_cpu_cell_times_the_reference_beside_each_case_and_places_the_case_against_it(tmp_path):
     """timing.reference (auto: on a CPU, off on a GPU): the pattern's reference method at each case's size and
     dtype, one block after each of the case's; where it beat the ceilings job's figure it is the row's ceiling."""
@@ -654,6 +656,7 @@ def test_a_cpu_cell_times_the_reference_beside_each_case_and_places_the_case_aga
     assert BENCH.read(tmp_path / "add.csv")["reference_method"].eq("torch.add").all()
 
 
+@pytest.mark.slow
 def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_limit_fails_loudly(monkeypatch):
     import gpulab.bench.impls as impls
 
@@ -672,6 +675,7 @@ def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_lim
     assert "limit" in rows[1]["reason"].lower()
 
 
+@pytest.mark.slow
 def test_torch_compile_runs_on_cpu_or_says_why():
     row = run_cell("add", "torch_compile", shapes=[(1000,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
                    fingerprint="fp", progress=False)[0]
@@ -706,6 +710,7 @@ def _run_in_triton_interpreter(code: str) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_triton_kernels_are_correct_in_the_interpreter():
     pytest.importorskip("triton")
     code = (
@@ -848,6 +853,7 @@ def test_report_section_builds_figures_and_fastest_only_from_correct_rows(tmp_pa
     assert (section["ceilings"]["method"].notna()).all() and section["above_ceiling"].empty
 
 
+@pytest.mark.slow
 def test_triton_ceiling_kernels_are_correct_in_the_interpreter():
     pytest.importorskip("triton")
     code = (

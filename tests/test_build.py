@@ -212,6 +212,7 @@ def test_compiler_errors_keeps_the_compilers_lines() -> None:
 # -------------------------------------------------------------------- real compilers, no GPU
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HIPCC is None, reason="hipcc not installed (CI installs Debian's hipcc)")
 def test_standalone_compiles_with_hipcc_for_gfx90a_and_run_is_skipped_without_gpu(tmp_path: Path) -> None:
     rows = run_standalone(
@@ -232,6 +233,7 @@ def test_standalone_compiles_with_hipcc_for_gfx90a_and_run_is_skipped_without_gp
     assert "the program reported" in run["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_standalone_source_compiles_with_nvcc_through_the_portability_header(tmp_path: Path) -> None:
     nvcc_dir = str(Path(NVCC).parent)
@@ -245,6 +247,7 @@ def test_standalone_source_compiles_with_nvcc_through_the_portability_header(tmp
     assert rows[1]["status"] == "skipped" and rows[1]["reason"].startswith("no NVIDIA GPU")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HIPCC is None, reason="hipcc not installed (CI installs Debian's hipcc)")
 def test_broken_standalone_source_fails_with_the_compiler_message(tmp_path: Path) -> None:
     src = tmp_path / "hip"
@@ -300,6 +303,7 @@ def extension_here(ext_cache: Path) -> tuple[ext_compile.ExtensionLoad, Path, Pa
     return _built(ext_cache, detect())
 
 
+@pytest.mark.slow
 def test_cpu_extension_builds_cold_then_loads_warm_in_a_fresh_process(cpu_extension) -> None:
     load, root, manifest = cpu_extension
     assert load.backend == "cpu" and load.arch == "cpu" and load.build_s > 0
@@ -316,6 +320,7 @@ def test_cpu_extension_builds_cold_then_loads_warm_in_a_fresh_process(cpu_extens
     assert warm.seconds < load.build_s
 
 
+@pytest.mark.slow
 def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
     rows = ext_checks.check_ops("ci", "fp", device=CPU_TORCH)
     table = ext_checks.EXTENSION_CHECKS.frame(rows)
@@ -326,6 +331,7 @@ def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
     assert (table["unwritten"] == 0).all()
 
 
+@pytest.mark.slow
 def test_correctness_check_catches_a_wrong_operator(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
     real = ext_checks._reference
 
@@ -340,6 +346,7 @@ def test_correctness_check_catches_a_wrong_operator(cpu_extension, monkeypatch: 
     assert all(r["status"] == "ok" for r in rows if r["op"] != "gelu_tanh")
 
 
+@pytest.mark.slow
 def test_cpu_extension_ops_work_under_torch_compile(cpu_extension) -> None:
     import torch
 
@@ -363,6 +370,7 @@ def bad_input_rows(extension_here) -> dict[str, dict]:
     return {r["case"]: r for r in rows}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ext_checks.BAD_CASES, ids=lambda c: c.name)
 def test_bad_input_is_refused_with_a_clear_message_never_a_crash(bad_input_rows, case) -> None:
     row = bad_input_rows[case.name]
@@ -376,6 +384,7 @@ def test_bad_input_is_refused_with_a_clear_message_never_a_crash(bad_input_rows,
         assert row["message"].startswith("returned shape")
 
 
+@pytest.mark.slow
 def test_bad_input_crash_is_recorded_as_failed_with_the_signal(extension_here, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     crasher = tmp_path / "python"
@@ -413,6 +422,7 @@ write_manifest(load, Path(r"{manifest}"))
     assert not bad, "\n".join(f"{r['case']}: {r['reason']} | {r.get('message')}" for r in bad)
 
 
+@pytest.mark.slow
 def test_private_libstdcxx_copy_is_detected_and_breaks_number_formatting(tmp_path: Path) -> None:
     """Why the note exists: a library with its own libstdc++ cannot format a long through a stream."""
     import ctypes
@@ -449,6 +459,7 @@ def test_bad_input_judge_rejects_vague_messages() -> None:
     assert ext_checks.judge(empty, {"raised": "RuntimeError", "message": "no"})[0] == "failed"
 
 
+@pytest.mark.slow
 def test_manifest_loader_never_builds_and_says_why(cpu_extension, tmp_path: Path) -> None:
     load = cpu_extension[0]
     missing = load_from_manifest(tmp_path / "none.json")
@@ -463,6 +474,7 @@ def test_manifest_loader_never_builds_and_says_why(cpu_extension, tmp_path: Path
     assert not (tmp_path / "deleted").exists()  # nothing was rebuilt
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HIPCC is None, reason="hipcc not installed (CI installs Debian's hipcc)")
 def test_extension_device_code_compiles_for_amd_with_hipcc(tmp_path: Path) -> None:
     source = ext_plan.SOURCE_DIR / "ops_kernels_hip.hip"
@@ -479,6 +491,7 @@ def test_gelu_constant_is_written_once_in_the_extension_sources() -> None:
     assert hits == ["ops_common.h"]
 
 
+@pytest.mark.slow
 def test_timing_pitfalls_rows_on_cpu(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpulab.timing_pitfalls import PITFALLS, run_pitfalls
 
@@ -504,6 +517,7 @@ def test_the_pitfalls_figure_names_the_timer_the_measured_rows_used() -> None:
     assert "device" not in method_label("tutorial", "host_clock")
 
 
+@pytest.mark.slow
 def test_broken_kernel_source_fails_the_step_with_the_compiler_message(tmp_path: Path) -> None:
     src = copy_sources(tmp_path / "src")
     ops = src / "ops.cpp"

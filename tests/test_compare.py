@@ -221,6 +221,7 @@ def _a_a_flags(root: Path) -> pd.DataFrame:
     return deltas[deltas["verdict"].isin([SLOWER, FASTER, STATUS_CHANGED])]
 
 
+@pytest.mark.slow
 def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
     """The flagged count must be consistent with a false-flag rate of at most 5%: one-sided binomial test at
     3% (more than 3 of 24 flagged has probability 0.03 at a 5% rate). A per-run bound of 1 of 24 would fail a
@@ -242,6 +243,7 @@ def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
 
 
 # Twice the work per call: a slowdown far beyond the state shifts a shared machine's intervals hold.
+@pytest.mark.slow
 def test_a_kernel_made_twice_as_slow_is_flagged(tmp_path):
     """The power side of the A/A test: the same cases, each running its op twice per call, are slower. The
     reference timed beside each case does not move with the code, so the relative times keep the slowdown whole;

@@ -52,6 +52,7 @@ def compare(heads, kv, d, max_len, pos, dtype, device):
 """
 
 
+@pytest.mark.slow
 def test_split_kv_in_the_interpreter():
     code = COMPARE + f"""
 for case in {CASES!r}:
@@ -97,6 +98,7 @@ def test_split_kv_on_the_gpu(dtype):
         namespace["compare"](*case, getattr(torch, dtype), "cuda")
 
 
+@pytest.mark.slow
 def test_the_attention_operator_passes_torchs_operator_checks_in_the_interpreter():
     """``torch.ops.gpulab_llm.split_kv_attention``, what the compiled decode step calls: torch.library.opcheck
     runs it against its schema (the cache writes declared, nothing else written), its fake (the output's shape

@@ -118,6 +118,7 @@ def test_the_cli_reference_has_every_command_and_option():
                 assert action.option_strings[-1] in page, f"gpulab {name} {action.option_strings} missing"
 
 
+@pytest.mark.slow
 def test_the_example_report_renders_the_recorded_h100_and_cpu_runs(tmp_path):
     from gpulab.cli import main
 

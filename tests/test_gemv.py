@@ -51,6 +51,7 @@ def _interpreter_takes_runtime_loop_bounds() -> bool:
     return version(triton) >= (3, 9) or version(numpy) < (2, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _interpreter_takes_runtime_loop_bounds(),
                     reason="this Triton's interpreter cannot run a runtime loop bound under NumPy >= 2.4")
 def test_every_config_in_the_interpreter():

@@ -187,6 +187,7 @@ def test_tiny_model_is_a_qwen2_chat_model(tiny):
 EAGER = GraphSettings(compile=False, graphs=False)
 
 
+@pytest.mark.slow
 def test_fast_exact_greedy_tokens_equal_transformers(tiny):
     exact = ExactDecoder(tiny.model, 256, [], EAGER, "none")
     generator = torch.Generator().manual_seed(3)
@@ -195,6 +196,7 @@ def test_fast_exact_greedy_tokens_equal_transformers(tiny):
         assert exact.generate(ids[0], 32, Sampling.greedy(), stop_at_eos=False) == _hf_greedy(tiny.model, ids, 32)
 
 
+@pytest.mark.slow
 def test_compiled_exact_decode_step_stays_bit_identical(tiny):
     # The GPU path's numerics on CPU: inductor fuses the elementwise work (rounding like eager), matmuls,
     # means and SiLU stay eager custom ops.
@@ -210,6 +212,7 @@ def _teacher_ids(n: int = 96) -> torch.Tensor:
     return torch.randint(0, 700, (n,), generator=torch.Generator().manual_seed(11))
 
 
+@pytest.mark.slow
 def test_fast_passes_teacher_forcing_and_differs_from_transformers_only_in_rounding(tiny):
     ids = _teacher_ids()
     reference = HfEngine(tiny).logits(ids, 48)
@@ -222,6 +225,7 @@ def test_fast_passes_teacher_forcing_and_differs_from_transformers_only_in_round
     assert torch.equal(exact_logits, reference)  # the verifier runs transformers' very operations
 
 
+@pytest.mark.slow
 def test_teacher_forcing_catches_a_perturbed_weight(tiny):
     ids = _teacher_ids()
     reference = HfEngine(tiny).logits(ids, 48)
@@ -243,6 +247,7 @@ def test_a_wrong_token_choice_is_caught_where_rounding_cannot_explain_it():
     assert not ok and values["first_mismatch"] == 0 and "greedy token at position 0" in reason
 
 
+@pytest.mark.slow
 def test_fast_stops_at_end_of_sequence(tiny):
     ids = _chat_ids(tiny)
     free = FastDecoder(tiny.model, 256, [], EAGER).generate(ids[0], 40, Sampling.greedy(), stop_at_eos=False)
@@ -251,6 +256,7 @@ def test_fast_stops_at_end_of_sequence(tiny):
     assert stopped == free[: free.index(stop_at) + 1]
 
 
+@pytest.mark.slow
 def test_a_failing_compilation_runs_eager_steps_and_says_why(tiny):
     from gpulab.llm.fast import decode_one_token
 
@@ -396,6 +402,7 @@ def test_the_engine_registry_is_what_the_config_and_the_tables_ask():
         bench.engine_class("vllm")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
     rows = run_llm(tiny.resolved, [engine], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
@@ -432,6 +439,7 @@ def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
         assert rows["share_of_step"].sum() == pytest.approx(rows["us_per_step"].sum() / step_us)
 
 
+@pytest.mark.slow
 def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypatch):
     def wrong(engine, hf, ids, tolerance):
         return checks.Check("teacher48", False, "teacher forcing: logits at position 7 differ", {})
@@ -444,6 +452,7 @@ def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypat
     assert {r["reason"] for r in rows} == {"teacher forcing: logits at position 7 differ"}
 
 
+@pytest.mark.slow
 def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_eager(tiny):
     """On a GPU the fast engine compiles its prefill's layer (dynamic shapes); Inductor's CPU backend runs the
     same trace here: one graph for every layer and for prompts of 16 and 40 tokens, the logits those of the eager

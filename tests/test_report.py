@@ -448,6 +448,7 @@ def test_compare_flags_regressions_beyond_the_spread():
     assert "packages.torch" in html  # the environment difference that explains it
 
 
+@pytest.mark.slow
 def test_compare_command_writes_the_comparison(tmp_path):
     baseline, new, _ = make_run_pair(tmp_path)
     out = tmp_path / "compare.html"
@@ -468,6 +469,7 @@ def test_compare_refuses_bad_arguments(tmp_path, capsys):
     assert not (tmp_path / "c.html").exists()
 
 
+@pytest.mark.slow
 def test_report_command_renders_from_a_results_directory(tmp_path):
     results = tmp_path / "results"
     results.mkdir()

@@ -38,6 +38,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory):
 # -- tune_fast -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @cpu_only
 def test_tune_fast_measures_the_cpu_variants_and_skips_the_graph_ones(tiny, tmp_path):
     rows = tune_model(tiny.resolved, SMALL, target="local", fingerprint="fp", ceiling=Ceiling(10.0, "read"),
@@ -53,6 +54,7 @@ def test_tune_fast_measures_the_cpu_variants_and_skips_the_graph_ones(tiny, tmp_
     assert skipped["reason"].str.startswith("device graphs need a GPU").all()
 
 
+@pytest.mark.slow
 def test_a_variant_whose_tokens_differ_is_marked(tiny, monkeypatch):
     perturbed = GraphSettings(compile=False, graphs=False, compile_mode="perturbed")
     monkeypatch.setitem(tune.VARIANTS, "perturbed", perturbed)
@@ -113,6 +115,7 @@ def test_softmax_candidates_are_launches_softmax_makes():
         assert any(c.kernel == "split" for c in found) == (cols > 16384)
 
 
+@pytest.mark.slow
 def test_tune_triton_in_the_interpreter_times_every_candidate():
     pytest.importorskip("triton")
     code = (

@@ -120,7 +120,8 @@ def _check(args: argparse.Namespace, _command: str) -> int:
         check = check_page(args.report, screenshot=args.screenshot, pdf=args.pdf,
                            expected_headings=args.expect or ())
     except (BrowserUnavailable, FileNotFoundError) as exc:
-        console.print(f"[red]gpulab check-report: {exc}[/]")
+        # One plain line on stderr: rich would wrap it at the terminal's width.
+        print(f"gpulab check-report: {exc}", file=sys.stderr)
         return 2
     console.print(f"{check.title}: {len(check.headings)} sections, {len(check.images)} images, "
                   f"{check.height} px tall" + (f", PDF {check.pdf_pages} pages" if check.pdf else ""))
@@ -150,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
     report.set_defaults(run=_report)
 
     compare = sub.add_parser("compare", help="render the report of NEW with a verdict per cell against BASELINE "
-                                             "(95% bootstrap CI of the ratio of medians and a minimum effect)")
+                                             "(95%% bootstrap CI of the ratio of medians and a minimum effect)")
     compare.add_argument("baseline", metavar="RESULTS_A", help="baseline results directory")
     compare.add_argument("new", metavar="RESULTS_B", help="new results directory")
     compare.add_argument("-o", "--output", default="reports/compare.html", help="HTML file (default: %(default)s)")

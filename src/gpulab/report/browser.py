@@ -1,7 +1,7 @@
 """Open a report in headless Chromium and check it the way a reader's browser sees it.
 
-Chromium is driven through the DevTools protocol (its ``--remote-debugging-port``) with a small
-websocket client, so the check sees what a user's browser would: console errors and uncaught
+Playwright drives the system's Chromium (``executable_path``; Playwright's own browser downloads are not
+used), so the check sees what a user's browser would: console errors and uncaught
 exceptions, every network request the page makes (a self-contained report makes none besides
 loading itself and its ``data:`` images), whether every image really decodes, whether every section
 heading of the table of contents is on the page, whether the page overflows sideways, and whether
@@ -10,44 +10,37 @@ the collapsed tables open up when printed. It keeps a full-page screenshot and a
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import tempfile
-import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from playwright.sync_api import ConsoleMessage, Page, Request, sync_playwright
+from playwright.sync_api import Error as PlaywrightError
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-# The flags the project's CI prescribes for a quiet, sandbox-less, offline browser.
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run")
+# Playwright launches headless, without the sandbox, background networking or first-run pages already.
+CHROMIUM_FLAGS = ("--disable-gpu",)
 VIEWPORT = (1280, 900)
 MAX_SCREENSHOT_HEIGHT = 40000  # px; longer pages are cut (and said so) to keep the PNG a sane size
+# Console message types that count as errors and warnings (as the browser's console shows them).
+ERROR_TYPES = {"error", "assert"}
+WARNING_TYPES = {"warning"}
 
 
 class BrowserUnavailable(RuntimeError):
     """No Chromium binary, or it did not start."""
 
 
-class DevToolsError(RuntimeError):
-    """A DevTools protocol call failed."""
-
-
 def find_chromium() -> str:
+    """GPULAB_CHROMIUM (a path or a command name), else the first of CHROMIUM_NAMES on PATH."""
     for name in (os.environ.get("GPULAB_CHROMIUM", ""), *CHROMIUM_NAMES):
         if name and (path := shutil.which(name)):
             return path
-    raise BrowserUnavailable(
-        "no Chromium found (tried " + ", ".join(CHROMIUM_NAMES) + "); install it with "
-        "`apt-get install chromium` or point GPULAB_CHROMIUM at one")
+    raise BrowserUnavailable("no Chromium found; install chromium (apt-get install chromium) or set GPULAB_CHROMIUM")
 
 
 # Runs in the page after load: everything a reader would stumble over that the DOM can tell.
@@ -167,106 +160,6 @@ class PageCheck:
         return not self.problems()
 
 
-class _DevTools:
-    """Minimal DevTools-protocol connection over one websocket: calls by id, events buffered in order."""
-
-    def __init__(self, ws_url: str, timeout_s: float) -> None:
-        import websocket  # websocket-client, a dev dependency: only the browser check needs it
-
-        self._ws = websocket.create_connection(ws_url, timeout=timeout_s, suppress_origin=True)
-        self._next = 0
-        self.events: list[dict[str, Any]] = []
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self._next += 1
-        ident = self._next
-        self._ws.send(json.dumps({"id": ident, "method": method, "params": params}))
-        while True:
-            message = json.loads(self._ws.recv())
-            if message.get("id") == ident:
-                if "error" in message:
-                    raise DevToolsError(f"{method}: {message['error'].get('message')}")
-                return message.get("result", {})
-            if "method" in message:
-                self.events.append(message)
-
-    def wait_for(self, event: str, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        for message in self.events:
-            if message["method"] == event:
-                return message
-        while time.monotonic() < deadline:
-            message = json.loads(self._ws.recv())
-            if "method" in message:
-                self.events.append(message)
-                if message["method"] == event:
-                    return message
-        raise DevToolsError(f"timed out after {timeout_s:g} s waiting for {event}")
-
-    def close(self) -> None:
-        self._ws.close()
-
-
-def _launch(chromium: str, profile: Path, timeout_s: float) -> tuple[subprocess.Popen[bytes], int]:
-    log = open(profile / "chromium.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [chromium, *CHROMIUM_FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}",
-         "--hide-scrollbars", "--mute-audio", "--no-default-browser-check",
-         f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}", "about:blank"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    log.close()
-    port_file = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (profile / "chromium.log").read_text(errors="replace")[-800:]
-            raise BrowserUnavailable(f"{chromium} exited with status {proc.returncode}:\n{tail}")
-        if port_file.exists():
-            lines = port_file.read_text().split()
-            if lines and lines[0].isdigit():
-                return proc, int(lines[0])
-        time.sleep(0.05)
-    _stop(proc)
-    raise BrowserUnavailable(f"{chromium} did not open its DevTools port within {timeout_s:g} s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End the browser we started and its child processes (its own process group), nothing else."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
-
-
-def _page_socket(port: int, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout_s) as response:
-            pages = [t for t in json.load(response) if t.get("type") == "page"]
-        if pages:
-            return pages[0]["webSocketDebuggerUrl"]
-        time.sleep(0.05)
-    raise BrowserUnavailable("Chromium opened no page")
-
-
-def _console_text(event: dict[str, Any]) -> str:
-    params = event["params"]
-    if event["method"] == "Runtime.exceptionThrown":
-        details = params.get("exceptionDetails", {})
-        return details.get("exception", {}).get("description") or details.get("text", "uncaught exception")
-    if event["method"] == "Log.entryAdded":
-        entry = params["entry"]
-        return f"{entry.get('text', '')} {entry.get('url', '')}".strip()
-    return " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
-
-
 def check_page(
     html: str | Path,
     *,
@@ -279,89 +172,73 @@ def check_page(
     html = Path(html).resolve()
     if not html.is_file():
         raise FileNotFoundError(f"{html}: no such report")
-    url = html.as_uri()
     chromium = find_chromium()
-    with tempfile.TemporaryDirectory(prefix="gpulab-chromium-") as tmp:
-        proc, port = _launch(chromium, Path(tmp), timeout_s)
+    with sync_playwright() as playwright:
         try:
-            tools = _DevTools(_page_socket(port, timeout_s), timeout_s)
-            try:
-                return _inspect(tools, url, screenshot, pdf, list(expected_headings), timeout_s)
-            finally:
-                # The browser may already be gone; _stop makes sure either way.
-                with contextlib.suppress(Exception):
-                    tools.call("Browser.close")
-                tools.close()
+            browser = playwright.chromium.launch(executable_path=chromium, args=list(CHROMIUM_FLAGS),
+                                                 timeout=timeout_s * 1000)
+        except PlaywrightError as exc:
+            raise BrowserUnavailable(f"{chromium} did not start: {exc.message.splitlines()[0]}") from exc
+        try:
+            page = browser.new_page(viewport={"width": VIEWPORT[0], "height": VIEWPORT[1]})
+            page.set_default_timeout(timeout_s * 1000)
+            return _inspect(page, html.as_uri(), screenshot, pdf, list(expected_headings))
         finally:
-            _stop(proc)
+            browser.close()
 
 
-def _record_events(check: PageCheck, events: list[dict[str, Any]], url: str) -> None:
-    """The page's requests other than itself, its console errors and warnings, from the DevTools events."""
-    for event in events:
-        method, params = event["method"], event.get("params", {})
-        if method == "Network.requestWillBeSent":
-            request_url = params["request"]["url"]
-            if request_url != url and not request_url.startswith("data:"):
-                check.requests.append(request_url)
-            continue
-        if method == "Runtime.exceptionThrown":
-            level = "error"
-        elif method == "Runtime.consoleAPICalled":
-            level = {"error": "error", "assert": "error", "warning": "warning"}.get(params.get("type"))
-        elif method == "Log.entryAdded":
-            level = params["entry"].get("level")
-        else:
-            continue
-        if level == "error":
-            check.console_errors.append(_console_text(event))
-        elif level == "warning":
-            check.console_warnings.append(_console_text(event))
+def _listen(page: Page, check: PageCheck) -> None:
+    """Record the page's console errors and warnings, uncaught exceptions and requests other than itself."""
+
+    def console(message: ConsoleMessage) -> None:
+        source = message.location.get("url", "")
+        text = message.text if source in ("", check.url) else f"{message.text} {source}"
+        if message.type in ERROR_TYPES:
+            check.console_errors.append(text)
+        elif message.type in WARNING_TYPES:
+            check.console_warnings.append(text)
+
+    def request(request: Request) -> None:
+        if request.url != check.url and not request.url.startswith("data:"):
+            check.requests.append(request.url)
+
+    page.on("console", console)
+    page.on("pageerror", lambda error: check.console_errors.append(f"{error.name}: {error.message}"))
+    page.on("request", request)
 
 
-def _inspect(tools: _DevTools, url: str, screenshot: str | Path | None, pdf: str | Path | None,
-             expected: list[str], timeout_s: float) -> PageCheck:
-    for domain in ("Page", "Runtime", "Log", "Network"):
-        tools.call(f"{domain}.enable")
-    width, height = VIEWPORT
-    tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-    tools.events.clear()  # about:blank's own events are not the report's
-    tools.call("Page.navigate", url=url)
-    tools.wait_for("Page.loadEventFired", timeout_s)
-    result = tools.call("Runtime.evaluate", expression=PAGE_CHECK_JS, awaitPromise=True, returnByValue=True)
-    if "exceptionDetails" in result:
-        raise DevToolsError(f"page check script failed: {result['exceptionDetails'].get('text')}")
-    page = result["result"]["value"]
-    check = PageCheck(url=url, title=page["title"], sections=page["sections"], toc=page["toc"], images=page["images"],
-                      duplicate_ids=page["duplicate_ids"], external=page["external"],
-                      scroll_width=page["scroll_width"], viewport_width=page["viewport_width"],
-                      height=page["height"], expected_headings=expected)
+def _write(path: str | Path, data: bytes) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _inspect(page: Page, url: str, screenshot: str | Path | None, pdf: str | Path | None,
+             expected: list[str]) -> PageCheck:
+    check = PageCheck(url=url, expected_headings=expected)
+    _listen(page, check)
+    page.goto(url, wait_until="load")
+    found = page.evaluate(PAGE_CHECK_JS)
+    for name in ("title", "sections", "toc", "images", "duplicate_ids", "external", "scroll_width",
+                 "viewport_width", "height"):
+        setattr(check, name, found[name])
 
     if screenshot is not None:
-        full = min(int(page["height"]), MAX_SCREENSHOT_HEIGHT)
-        tools.call("Emulation.setDeviceMetricsOverride", width=width, height=full, deviceScaleFactor=1, mobile=False)
-        shot = tools.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                          clip={"x": 0, "y": 0, "width": width, "height": full, "scale": 1})
-        path = Path(screenshot)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(shot["data"]))
-        check.screenshot, check.screenshot_truncated = path, page["height"] > MAX_SCREENSHOT_HEIGHT
-        tools.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        width, full = VIEWPORT[0], min(int(check.height), MAX_SCREENSHOT_HEIGHT)
+        page.set_viewport_size({"width": width, "height": full})
+        shot = page.screenshot(clip={"x": 0, "y": 0, "width": width, "height": full})
+        check.screenshot, check.screenshot_truncated = _write(screenshot, shot), check.height > MAX_SCREENSHOT_HEIGHT
+        page.set_viewport_size({"width": VIEWPORT[0], "height": VIEWPORT[1]})
 
-    tools.call("Emulation.setEmulatedMedia", media="print")
-    printed = tools.call("Runtime.evaluate", expression=PRINT_CHECK_JS, returnByValue=True)["result"]["value"]
-    check.print_hidden = printed["hidden"]
-    tools.call("Emulation.setEmulatedMedia", media="")
+    page.emulate_media(media="print")
+    check.print_hidden = page.evaluate(PRINT_CHECK_JS)["hidden"]
+    page.emulate_media(media="null")
     if pdf is not None:
-        data = tools.call("Page.printToPDF", printBackground=True, preferCSSPageSize=True)["data"]
-        blob = base64.b64decode(data)
-        path = Path(pdf)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(blob)
-        check.pdf = path
+        blob = page.pdf(print_background=True, prefer_css_page_size=True)
+        check.pdf = _write(pdf, blob)
         check.pdf_pages = len(re.findall(rb"/Type\s*/Page\b(?!s)", blob))
 
     # Give late console messages (e.g. an image failing after load) a moment to arrive.
-    tools.call("Runtime.evaluate", expression="new Promise(r => setTimeout(r, 100))", awaitPromise=True)
-    _record_events(check, tools.events, url)
+    page.wait_for_timeout(100)
     return check
