@@ -92,3 +92,14 @@ def test_check_fails_once_with_every_outcome_of_every_step_and_target(tmp_path):
     assert len(pd.read_csv(out)) == 6
     assert len(check(tables, tmp_path, False, out)) == 6  # off: recorded, not judged
     assert summary(collect(tables, tmp_path)) == text
+
+
+def test_strict_unstable_from_the_command_line_fails_on_an_unstable_measurement(tmp_path):
+    from gpulab.config import validate_config
+
+    strict = validate_config({"strict": "unstable"})["strict"]
+    paths = write_target(tmp_path, "local", CUDA, {"bench/add.csv": rows(("ok", ""), op=["add"], stable=[False])})
+    tables = {"bench_cell": [paths["bench/add.csv"]]}
+    assert check(tables, tmp_path, True, tmp_path / "outcomes.csv") == []
+    with pytest.raises(StrictModeError, match=r"\[op=add\] unstable: timing not stable"):
+        check(tables, tmp_path, strict, tmp_path / "outcomes.csv")

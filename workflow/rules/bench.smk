@@ -26,6 +26,7 @@ rule bench_ceilings:
         **gpu_resources,
     params:
         code=code("bench_ceilings.py"),
+        target_env=target_env,
         ceilings=config["ceilings"],
         # The matrix's sizes: the ceilings are measured at each tensor size a cell uses.
         bench={
@@ -56,6 +57,7 @@ rule bench_cell:
     params:
         # Also the kernel files of this cell's implementation only: editing one op's kernel reruns that cell.
         code=cell_code,
+        target_env=target_env,
         # Only this cell's settings: editing another op's sizes does not rerun this job.
         sizes=lambda w: (
             BENCH_SIZES if BENCH_SIZES == "auto" else BENCH_SIZES.get(w.op, "auto")

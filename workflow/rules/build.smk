@@ -24,6 +24,7 @@ rule hip_standalone:
         **gpu_resources,
     params:
         code=code("build_hip_standalone.py"),
+        target_env=target_env,
         offload_archs=config["build"]["offload_archs"],
         extra_cflags=config["build"]["extra_cflags"],
         sizes=config["build"]["standalone_sizes"],
@@ -53,6 +54,7 @@ rule extension_build:
         **gpu_resources,
     params:
         code=code("build_extension.py"),
+        target_env=target_env,
         offload_archs=config["build"]["offload_archs"],
         extra_cflags=config["build"]["extra_cflags"],
     script:
@@ -74,6 +76,7 @@ rule timing_pitfalls:
         **gpu_resources,
     params:
         code=code("build_timing_pitfalls.py"),
+        target_env=target_env,
         timing=config["timing"],
     script:
         "../scripts/build_timing_pitfalls.py"

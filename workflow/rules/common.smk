@@ -2,7 +2,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpulab.cluster import device_job_resources
+from gpulab.cluster import device_job_resources, target_environment
 from gpulab.config import run_targets
 from gpulab.device import gpu_driver_present
 from gpulab.device_lock import DEVICE_LOCK_VAR, device_lock_path
@@ -73,6 +73,13 @@ def cell_code(wildcards):
     return code(
         "bench_cell.py", *kernel_sources(wildcards.impl, wildcards.op, CHECKOUT)
     )
+
+
+def target_env(wildcards):
+    """A `params:` entry of each step that runs on a target's device: the target's extra environment
+    (`targets.<name>.env`, exported by gpulab.step.run before the step starts), which changes what it measures.
+    """
+    return target_environment(config, wildcards.target)
 
 
 # `resources: **gpu_resources` in each step whose jobs run on a target's device. Through

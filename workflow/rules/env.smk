@@ -16,6 +16,7 @@ rule env_capture:
         **gpu_resources,
     params:
         code=code("env_capture.py"),
+        target_env=target_env,
         timeout_s=config["env_capture"]["tool_timeout_s"],
     script:
         "../scripts/env_capture.py"

@@ -100,6 +100,7 @@ rule llm_infer:
         **without_gpu_where(gpu_resources, lambda w: w.model in LLM_ON_CPU),
     params:
         code=code("llm_infer.py"),
+        target_env=target_env,
         engines=LLM["engines"],
         on_cpu=lambda w: w.model in LLM_ON_CPU,
         llm=LLM_MEASURE,

@@ -36,6 +36,7 @@ rule mlp_profile:
         **gpu_resources,
     params:
         code=code("mlp_profile.py"),
+        target_env=target_env,
         mlp=config["mlp"],
         timing=config["timing"],
     script:

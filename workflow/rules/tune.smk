@@ -38,6 +38,7 @@ rule tune_triton_op:
         code=lambda w: code(
             "tune_triton_op.py", *kernel_sources("triton", w.op, CHECKOUT)
         ),
+        target_env=target_env,
         # The bench cells' sizes and dtypes of this op, as bench_cell gets them.
         sizes=lambda w: (
             BENCH_SIZES if BENCH_SIZES == "auto" else BENCH_SIZES.get(w.op, "auto")
@@ -87,6 +88,7 @@ rule tune_fast_run:
         **gpu_resources,
     params:
         code=code("tune_fast_run.py"),
+        target_env=target_env,
         llm=LLM_MEASURE,
     script:
         "../scripts/tune_fast_run.py"
