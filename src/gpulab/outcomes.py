@@ -94,6 +94,8 @@ def not_ok(table: pd.DataFrame, unstable: bool = False) -> pd.DataFrame:
     if unstable and "stable" in table.columns:
         bad |= (table["status"] == "ok") & table["stable"].astype(str).str.lower().eq("false")
     out = table[bad].copy()
+    # An empty reason reads back as NaN: a text column again.
+    out["reason"] = out["reason"].astype("object").where(out["reason"].notna(), "") if "reason" in out else ""
     if unstable and "stable" in out.columns:
         is_unstable = (out["status"] == "ok") & out["stable"].astype(str).str.lower().eq("false")
         out.loc[is_unstable, "status"] = "unstable"
