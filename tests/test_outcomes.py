@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from gpulab.device import DeviceInfo
 from gpulab.failures import final_error
 from gpulab.outcomes import check, collect, summary, table_outcomes

@@ -7,6 +7,7 @@ from gpulab.step import Step, run, start_inductor
 
 def main(step: Step) -> None:
     import pandas as pd
+
     from gpulab.ceilings import CEILINGS, Ceilings, measure_gemm_ceilings
     from gpulab.device import detect
     from gpulab.mlp.model import ceiling_dtypes, gemm_shapes, resolve_shape
