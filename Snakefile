@@ -30,6 +30,7 @@ include: "workflow/rules/mlp.smk"
 include: "workflow/rules/llm.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/tune.smk"
+include: "workflow/rules/outcomes.smk"
 
 
 # What the step logs hold before this run: on error, only what the run added is summarised.
@@ -48,3 +49,5 @@ rule all:
     input:
         config["report"]["output"],
         step_outputs(),
+        # Strict mode's judgement of every recorded outcome (workflow/rules/outcomes.smk).
+        OUTCOMES if config["strict"] else [],

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings
+from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings, measure_gemm_ceilings
 from gpulab.device import DeviceInfo, detect
 from gpulab.mlp.kernels import (
     BACKWARD_FUNCTION_SCOPE,
@@ -26,7 +26,7 @@ from gpulab.mlp.kernels import (
     kernel_table,
     short_kernel_name,
 )
-from gpulab.mlp.model import MLP, VARIANTS, MLPShape, matmul_flops, resolve_shape
+from gpulab.mlp.model import MLP, VARIANTS, MLPShape, ceiling_dtypes, gemm_shapes, matmul_flops, resolve_shape
 from gpulab.mlp.profile import (
     MLP_KERNELS,
     MLP_OPS,
@@ -35,7 +35,6 @@ from gpulab.mlp.profile import (
     make_step,
     prepare_step,
     profile_mlp,
-    strict_rows,
 )
 from gpulab.timing import TimingSettings
 
@@ -243,18 +242,29 @@ def test_the_checked_closure_is_the_timed_one_and_stale_results_do_not_pass():
         prepared.grad()
 
 
-def test_strict_mode_judges_only_variants_the_backend_has(profiled):
-    from gpulab.tables import StrictModeError, enforce_strict
+def test_strict_mode_expects_only_the_variants_the_backend_lacks(profiled):
+    from gpulab.outcomes import table_outcomes
 
     summary = MLP_SUMMARY.read(profiled / "mlp" / "summary.csv")
-    with pytest.raises(StrictModeError, match="bf16_graph"):  # ROCm has HIP graphs: not running it is a failure
-        enforce_strict(strict_rows(summary, _device("rocm")), True, "mlp")
-    no_graph = summary[summary["variant"] != "bf16_graph"]
-    enforce_strict(strict_rows(no_graph, _device("rocm")), True, "mlp")  # tf32 is not a failure on ROCm
-    on_cuda = strict_rows(summary, _device("cuda"))
-    assert "tf32" in set(on_cuda["variant"])
-    with pytest.raises(StrictModeError, match="tf32"):
-        enforce_strict(on_cuda, True, "mlp")
+
+    def judged(device):
+        return {o.row for o in table_outcomes("mlp_profile", "mlp/summary.csv", summary, device) if not o.expected}
+
+    assert "variant=bf16_graph" in judged(_device("rocm"))  # ROCm has HIP graphs: not running it is a failure
+    assert "variant=tf32" not in judged(_device("rocm"))  # ROCm has no TF32: listed, expected
+    assert "variant=tf32" in judged(_device("cuda"))
+
+
+def test_the_mlp_measures_the_matmul_ceiling_at_its_own_gemms_only():
+    shape = MLPShape(16, 1, 4, 1)
+    assert ceiling_dtypes(["fp32", "tf32", "bf16_weights"]) == ["bf16", "fp32"]
+    timing = TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False)
+    rows = measure_gemm_ceilings(["fp32"], gemm_shapes(shape), timing, target="t", fingerprint="f",
+                                 device=_device("cpu"))
+    table = CEILINGS.frame(rows)
+    assert set(table["kind"]) == {"matmul"} and set(table["dtype"]) == {"fp32"}
+    assert set(table["size"]) == {f"{m}x{n}x{k}" for m, n, k in gemm_shapes(shape)}  # no square of the ceilings job
+    assert table["best"].sum() == 1 and Ceilings(table).matmul_tflops("fp32") > 0
 
 
 def test_unknown_variant_is_rejected(tmp_path):

@@ -3,6 +3,7 @@ the critical path of the benchmark records, and the report's refusal of cut-off 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from gpulab.device import detect
 from gpulab.failures import failure_summary, final_error, log_offsets
 from gpulab.report.results import ResultsIndex
 from gpulab.report.sections.methodology import critical_path
-from gpulab.sources import PACKAGE_DIRS, kernel_sources, step_sources
+from gpulab.sources import PACKAGE_DIRS, code_digest, kernel_sources, step_sources
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -37,6 +38,28 @@ def test_step_sources_are_the_import_closure_and_data_files():
     assert "src/gpulab/mlp/model.py" in step_sources("mlp_profile.py", REPO)
     assert "src/gpulab/report/sections/methodology.py" in step_sources("report_render.py", REPO)
     assert all((REPO / p).is_file() and not Path(p).is_absolute() for p in step_sources("llm_infer.py", REPO))
+
+
+def test_the_code_digest_follows_content_not_file_times_or_the_checkouts_place(tmp_path):
+    files = step_sources("bench_aggregate.py", REPO)
+    copies = []
+    for name in ("one", "two"):
+        root = tmp_path / name
+        for rel in files:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes((REPO / rel).read_bytes())
+        copies.append(root)
+    one, two = copies
+    digest = code_digest(files, one)
+    assert len(digest) == 16 and digest == code_digest(files, two) == code_digest(reversed(files), REPO)
+    os.utime(two / files[0], (1, 1))
+    assert code_digest(files, two) == digest
+    edited = two / "workflow/scripts/bench_aggregate.py"
+    edited.write_text(edited.read_text() + "# a comment\n")
+    from gpulab import sources
+
+    sources._content_digest.cache_clear()  # one process sees each file once; a new run reads it anew
+    assert code_digest(files, two) != digest
 
 
 def test_the_kernels_package_is_the_top_level_kernels_directory():

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from gpulab.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
-from gpulab.tables import Column, SchemaError, StrictModeError, TableSchema, enforce_strict, write_atomic
+from gpulab.tables import Column, SchemaError, TableSchema, write_atomic
 from gpulab.timing import TIMING_COLUMNS, Measurement, TimingSettings, is_stable, measure, parse_times, summarize
 
 ENV_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "env"
@@ -135,13 +135,6 @@ def test_write_atomic_leaves_nothing_on_failure(tmp_path):
     with pytest.raises(TypeError):
         write_atomic(tmp_path / "b.txt", 42)  # type: ignore[arg-type]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
-
-
-def test_enforce_strict():
-    rows = [{"status": "ok", "op": "gelu"}, {"status": "skipped", "reason": "no GPU", "op": "softmax"}]
-    enforce_strict(rows, strict=False, what="demo")
-    with pytest.raises(StrictModeError, match=r"skipped: no GPU \[op=softmax\]"):
-        enforce_strict(rows, strict=True, what="demo")
 
 
 def test_measure_caps_wall_time_once_min_reps_are_done():

@@ -281,26 +281,35 @@ def fit_cpu_matmul(n: int, dtype: Any, probe_s: float = CPU_MATMUL_PROBE_S) -> i
 Gemm = tuple[int, int, int]
 
 
-def matmul_shapes(gemms: Sequence[Gemm], info: DeviceInfo, dtype: Any, square: int | None = None) -> list[Gemm]:
+def matmul_shapes(gemms: Sequence[Gemm], info: DeviceInfo, dtype: Any, square: int | None = None,
+                  squares: bool = True) -> list[Gemm]:
     """(M, N, K) of the matmul ceiling: squares (``square``, else 4096 and 8192 on a GPU, the largest fast
-    one up to 1024 on CPU) and the workload's own GEMMs (``gemms``: the MLP's, from
+    one up to 1024 on CPU; none without ``squares``) and a workload's own GEMMs (``gemms``, e.g. the MLP's from
     :func:`gpulab.mlp.model.gemm_shapes`)."""
-    if square is not None:
-        sides: tuple[int, ...] = (square,)
+    if not squares:
+        sides: tuple[int, ...] = ()
+    elif square is not None:
+        sides = (square,)
     else:
         sides = SQUARE_SIDES if info.gpu_available else (fit_cpu_matmul(CPU_SIDE, dtype),)
     shapes = [(n, n, n) for n in sides] + [tuple(g) for g in gemms]
     return list(dict.fromkeys(shapes))
 
 
+def matmul_modes(dtypes: Sequence[str], info: DeviceInfo) -> list[str]:
+    """The matmul modes a ceiling is measured in: the dtypes, and TF32, a CUDA-only mode (ROCm has none), so tf32
+    variants have a ceiling."""
+    return [*dtypes, "tf32"] if info.backend == "cuda" and "fp32" in dtypes else list(dtypes)
+
+
 def measure_matmul(modes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings,
-                   info: DeviceInfo, square: int | None = None) -> list[dict[str, Any]]:
+                   info: DeviceInfo, square: int | None = None, squares: bool = True) -> list[dict[str, Any]]:
     import torch
 
     rows = []
     for mode in modes:
         dtype = torch_dtype("fp32" if mode == "tf32" else mode)
-        for m, n, k in matmul_shapes(gemms, info, dtype, square):
+        for m, n, k in matmul_shapes(gemms, info, dtype, square, squares):
             a = torch.randn(m, k, device=info.torch_device, dtype=dtype)
             b = torch.randn(k, n, device=info.torch_device, dtype=dtype)
             previous = torch.backends.cuda.matmul.allow_tf32
@@ -317,8 +326,11 @@ def measure_matmul(modes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSe
 
 def mark_best(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``best`` on the fastest ok method of each (kind, dtype, size); matmul: over all its shapes per dtype."""
+    if not rows:
+        return []
     df = pd.DataFrame(rows)
-    value = df["gbps"].where(df["kind"] != "matmul", df["tflops"]) if "tflops" in df else df["gbps"]
+    gbps = df["gbps"] if "gbps" in df else pd.Series(math.nan, index=df.index)
+    value = gbps.where(df["kind"] != "matmul", df["tflops"]) if "tflops" in df else gbps
     group = df["kind"] + "|" + df["dtype"] + "|" + df["size"].where(df["kind"] != "matmul", "")
     ok = value.where(df["status"] == "ok")
     winners = set(ok.groupby(group).idxmax().dropna().astype(int))
@@ -333,7 +345,6 @@ def measure_ceilings(
     fingerprint: str,
     matrix: MatrixBytes | None = None,
     max_tensor_bytes: int | None = None,
-    gemms: Sequence[Gemm] = (),
     device: DeviceInfo | None = None,
 ) -> list[dict[str, Any]]:
     """Every ceiling row of one target (the rule bench_ceilings): memory patterns at the sizes ``matrix``
@@ -356,10 +367,17 @@ def measure_ceilings(
                 rows += with_state(info, partial(measure_pattern, pattern, dtype, size, methods, timing, info))
                 log.info("%s %s %s: best %.4g GB/s", pattern, dtype, size,
                          max((r.get("gbps") or 0.0) for r in rows[-len(methods):]))
-    # TF32 is a CUDA-only matmul mode (ROCm has none); measured so tf32 variants have a ceiling.
-    modes = [*dtypes, "tf32"] if info.backend == "cuda" and "fp32" in dtypes else dtypes
     square = config.get("matmul_n", "auto")
-    rows += measure_matmul(modes, gemms, timing, info, None if square == "auto" else int(square))
+    rows += measure_matmul(matmul_modes(dtypes, info), (), timing, info, None if square == "auto" else int(square))
+    return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
+
+
+def measure_gemm_ceilings(dtypes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings, *, target: str,
+                          fingerprint: str, device: DeviceInfo | None = None) -> list[dict[str, Any]]:
+    """The matmul ceiling at a workload's own GEMM shapes only (the MLP's, measured by its own step): a
+    workload's settings then never re-measure the benchmark matrix's ceilings (bench/ceilings.csv)."""
+    info = device or detect()
+    rows = measure_matmul(matmul_modes(dtypes, info), gemms, timing, info, squares=False)
     return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
 
 

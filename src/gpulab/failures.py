@@ -1,11 +1,12 @@
 """One summary, at the end of a failed run, of every failing step and its reason.
 
-Snakemake alone prints ``CalledProcessError ... check log file(s)`` per failed job; the reason (a strict-mode
-list of non-ok outcomes, a full disk, a bad size) is in the job's log. Steps append to their logs
-(``gpulab.logs.to_log``), so the Snakefile notes each log's size when it is parsed (:func:`log_offsets`) and,
-on error, reads only what the run added (:func:`failure_summary`): the exception each failing step ended with.
-With the default profile's ``keep-going``, every independent step has run by then, so one run reports every
-problem (in strict mode: every outcome that is not ok, across all steps).
+Snakemake alone prints ``CalledProcessError ... check log file(s)`` per failed job; the reason (strict
+mode's list of non-ok outcomes from ``outcomes_check``, a full disk, a bad size) is in the job's log. Steps
+append to their logs (``gpulab.logs.to_log``), so the Snakefile notes each log's size when it is parsed
+(:func:`log_offsets`) and, on error, reads only what the run added (:func:`failure_summary`): the exception
+each failing step ended with. With the default profile's ``keep-going``, every independent step has run by
+then, so one run reports every problem (in strict mode: every outcome that is not ok, across all steps, in the
+judging step's one entry).
 """
 
 from __future__ import annotations

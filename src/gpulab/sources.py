@@ -1,17 +1,20 @@
-"""The source files a workflow step's result depends on, so Snakemake reruns exactly the steps an edit affects.
+"""The source files a workflow step's result depends on, and their content digest, so Snakemake reruns exactly the
+steps an edit of their content affects (never a file's time: a touch, a checkout round trip).
 
 A step's library code is the closure of the ``gpulab`` modules its script imports (at any depth, including
 imports inside functions), found by reading the import statements, never by importing them: the Snakefile
 stays quick to parse. The Triton kernels are the package ``gpulab.kernels``, read from the top-level
 ``kernels/`` directory (``src/gpulab/kernels`` links to it); a benchmark cell depends on its own implementation's kernel
 module only (:func:`kernel_sources`). Data files a step reads are listed per
-script in :data:`DATA_SOURCES`. Paths are relative to the repository root; the workflow makes them relative to
-its working directory, so a moved checkout reruns nothing.
+script in :data:`DATA_SOURCES`. Paths are relative to the repository root, so a moved checkout has the same
+digests and reruns nothing. The workflow hands each step :func:`code_digest` of its files as a ``params:`` entry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
@@ -133,3 +136,17 @@ def kernel_sources(impl: str, op: str, repo: Path) -> list[str]:
                   for m in packages if (f := _module_file(m, repo)) is not None)
     kernels = repo / PACKAGE_DIRS[KERNELS_PACKAGE]
     return sorted(str(p.relative_to(repo)) for p in _closure(start, repo) if p.is_relative_to(kernels))
+
+
+@cache
+def _content_digest(path: Path) -> bytes:
+    return hashlib.sha256(path.read_bytes()).digest()
+
+
+def code_digest(files: Iterable[str], repo: Path) -> str:
+    """Short sha256 over the sorted (repository-relative path, content) pairs of ``files``: changes with what the
+    code says, not with file times or the checkout's place."""
+    digest = hashlib.sha256()
+    for rel in sorted(set(files)):
+        digest.update(rel.encode() + b"\0" + _content_digest(repo / rel))
+    return digest.hexdigest()[:16]

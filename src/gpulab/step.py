@@ -1,4 +1,4 @@
-"""The one preamble of every Snakemake script: the job's log, its target's environment, its fingerprint, strict.
+"""The one preamble of every Snakemake script: the job's log, its target's environment, its fingerprint.
 
 A script under ``workflow/scripts/`` is ``run(snakemake, main)``; ``main(step)`` does the step's work with
 the rule's inputs, outputs and params through :class:`Step`. Imports that start a GPU runtime (torch and
@@ -50,11 +50,6 @@ class Step:
         """The step's table in its log, the columns a reader looks at first."""
         print(table[[c for c in columns if c in table.columns]].to_string(index=False))
 
-    def strict(self, table: Any, what: str) -> None:
-        """With ``strict: true`` any outcome in ``table`` other than ok fails the step, naming each."""
-        from gpulab.tables import enforce_strict
-
-        enforce_strict(table, bool(self.params.get("strict", False)), what)
 
 
 def use_compiler_caches(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""One CSV schema per artifact, outcome statuses, atomic writes and the strict switch.
+"""One CSV schema per artifact, outcome statuses and atomic writes.
 
 Every artifact is a tidy table. Every row says what happened (``status`` and ``reason``), where
 (``target``) and on what software/hardware (``fingerprint``, the id of ``env/env.json``). Measured rows
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ class SchemaError(ValueError):
 
 
 class StrictModeError(RuntimeError):
-    """strict: true and some outcome was not ok."""
+    """strict: true and some outcome was not ok (gpulab.outcomes)."""
 
 
 @dataclass(frozen=True)
@@ -138,26 +138,3 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _plain(value: Any) -> Any:
-    """A cell as a person wrote it: a size of 1024 stays 1024 where a row's other columns made it 1024.0."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def enforce_strict(rows: Sequence[Mapping[str, Any]] | pd.DataFrame, strict: bool, what: str) -> None:
-    """In strict mode any outcome other than ok fails the step, naming each offending row."""
-    if not strict:
-        return
-    df = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    if df.empty:
-        raise StrictModeError(f"strict mode: {what} produced no rows")
-    bad = df[df["status"] != "ok"]
-    if not bad.empty:
-        keys = [c for c in IDENTIFYING_COLUMNS if c in df.columns]
-        lines = "\n".join(
-            f"  - {r['status']}: {r.get('reason') or '(no reason)'} ["
-            + ", ".join(f"{k}={_plain(r[k])}" for k in keys) + "]"
-            for _, r in bad.iterrows()
-        )
-        raise StrictModeError(f"strict mode: {len(bad)} outcome(s) of {what} are not ok:\n{lines}")

@@ -10,7 +10,6 @@ wildcard_constraints:
 
 rule bench_ceilings:
     input:
-        src=sources("bench_ceilings.py"),
         env=result("env/env.json"),
     output:
         report(
@@ -26,23 +25,20 @@ rule bench_ceilings:
     resources:
         **gpu_resources,
     params:
+        code=code("bench_ceilings.py"),
+        target_env=target_env,
         ceilings=config["ceilings"],
         # The matrix's sizes: the ceilings are measured at each tensor size a cell uses.
         bench={
             k: config["bench"][k] for k in ("ops", "sizes", "dtypes", "max_tensor_mib")
         },
-        mlp=config["mlp"],
         timing=config["timing"],
-        strict=config["strict"],
     script:
         "../scripts/bench_ceilings.py"
 
 
 rule bench_cell:
     input:
-        src=sources("bench_cell.py"),
-        # The kernel files of this cell's implementation only: editing one op's kernel reruns that cell.
-        kernels=kernels_of,
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
         # cpp_ext cells load exactly the library the build step's manifest names.
@@ -59,6 +55,9 @@ rule bench_cell:
     resources:
         **gpu_resources,
     params:
+        # Also the kernel files of this cell's implementation only: editing one op's kernel reruns that cell.
+        code=cell_code,
+        target_env=target_env,
         # Only this cell's settings: editing another op's sizes does not rerun this job.
         sizes=lambda w: (
             BENCH_SIZES if BENCH_SIZES == "auto" else BENCH_SIZES.get(w.op, "auto")
@@ -67,14 +66,12 @@ rule bench_cell:
             k: config["bench"][k] for k in ("dtypes", "max_tensor_mib", "tolerances")
         },
         timing=config["timing"],
-        strict=config["strict"],
     script:
         "../scripts/bench_cell.py"
 
 
 rule bench_aggregate:
     input:
-        src=sources("bench_aggregate.py"),
         cells=lambda w: expand(
             result("bench/cells/{op}__{impl}.csv"),
             target=w.target,
@@ -91,6 +88,8 @@ rule bench_aggregate:
         log_of("bench_aggregate_{op}"),
     benchmark:
         benchmark_of("bench_aggregate_{op}")
+    params:
+        code=code("bench_aggregate.py"),
     script:
         "../scripts/bench_aggregate.py"
 
@@ -103,4 +102,12 @@ register_outputs(
     "bench",
     expand(result("bench/ceilings.csv"), target=TARGETS)
     + expand(result("bench/{op}.csv"), target=TARGETS, op=BENCH_OPS),
+)
+
+
+register_outcomes(
+    "bench_ceilings", expand(result("bench/ceilings.csv"), target=TARGETS)
+)
+register_outcomes(
+    "bench_cell", expand(result("bench/{op}.csv"), target=TARGETS, op=BENCH_OPS)
 )

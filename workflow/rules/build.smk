@@ -1,12 +1,11 @@
-# Kernel sources and library code are inputs (`sources`, common.smk), so editing one reruns its step (and,
-# through the cache key, rebuilds).
+# Kernel sources and library code are in each step's `code` digest (common.smk), so editing one reruns its step
+# (and, through the cache key, rebuilds).
 # The built extension travels through the DAG as this manifest (library path, digest, arch, outcome).
 EXTENSION_MANIFEST = result("build/extension_manifest.json")
 
 
 rule hip_standalone:
     input:
-        src=sources("build_hip_standalone.py"),
         env=result("env/env.json"),
     output:
         csv=report(
@@ -24,18 +23,18 @@ rule hip_standalone:
     resources:
         **gpu_resources,
     params:
+        code=code("build_hip_standalone.py"),
+        target_env=target_env,
         offload_archs=config["build"]["offload_archs"],
         extra_cflags=config["build"]["extra_cflags"],
         sizes=config["build"]["standalone_sizes"],
         timing=config["timing"],
-        strict=config["strict"],
     script:
         "../scripts/build_hip_standalone.py"
 
 
 rule extension_build:
     input:
-        src=sources("build_extension.py"),
         env=result("env/env.json"),
     output:
         csv=report(
@@ -54,16 +53,16 @@ rule extension_build:
     resources:
         **gpu_resources,
     params:
+        code=code("build_extension.py"),
+        target_env=target_env,
         offload_archs=config["build"]["offload_archs"],
         extra_cflags=config["build"]["extra_cflags"],
-        strict=config["strict"],
     script:
         "../scripts/build_extension.py"
 
 
 rule timing_pitfalls:
     input:
-        src=sources("build_timing_pitfalls.py"),
         manifest=EXTENSION_MANIFEST,
         env=result("env/env.json"),
     output:
@@ -76,8 +75,9 @@ rule timing_pitfalls:
     resources:
         **gpu_resources,
     params:
+        code=code("build_timing_pitfalls.py"),
+        target_env=target_env,
         timing=config["timing"],
-        strict=config["strict"],
     script:
         "../scripts/build_timing_pitfalls.py"
 
@@ -89,4 +89,20 @@ register_outputs(
         target=TARGETS,
         name=["hip_standalone", "extension", "extension_checks", "timing_pitfalls"],
     ),
+)
+
+
+register_outcomes(
+    "hip_standalone", expand(result("build/hip_standalone.csv"), target=TARGETS)
+)
+register_outcomes(
+    "extension_build",
+    expand(
+        result("build/{name}.csv"),
+        target=TARGETS,
+        name=["extension", "extension_checks"],
+    ),
+)
+register_outcomes(
+    "timing_pitfalls", expand(result("build/timing_pitfalls.csv"), target=TARGETS)
 )

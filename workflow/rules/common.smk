@@ -2,12 +2,12 @@ import os
 import sys
 from pathlib import Path
 
-from gpulab.cluster import device_job_resources
+from gpulab.cluster import device_job_resources, target_environment
 from gpulab.config import run_targets
 from gpulab.device import gpu_driver_present
 from gpulab.device_lock import DEVICE_LOCK_VAR, device_lock_path
 from gpulab.jobenv import mark_serial_run, prepare
-from gpulab.sources import kernel_sources, step_sources
+from gpulab.sources import code_digest, kernel_sources, step_sources
 
 prepare(workflow.basedir, sys.argv)
 
@@ -24,6 +24,14 @@ wildcard_constraints:
 
 def register_outputs(step, paths):
     STEP_OUTPUTS[step] = list(paths)
+
+
+# Every step's recorded outcome tables, by step: strict mode's one judgement (outcomes.smk) reads them all.
+OUTCOME_TABLES = {}
+
+
+def register_outcomes(step, paths):
+    OUTCOME_TABLES[step] = list(paths)
 
 
 def step_outputs(exclude=()):
@@ -48,23 +56,30 @@ def benchmark_of(name):
     return f"{RESULTS}/{{target}}/benchmarks/{name}.jsonl"
 
 
-def _from_workdir(paths):
-    # Relative to the working directory, never absolute: a moved or copied checkout reruns nothing.
-    return [os.path.relpath(os.path.join(workflow.basedir, p)) for p in paths]
+CHECKOUT = Path(workflow.basedir)
 
 
-def sources(script):
-    """Every source file the step run by workflow/scripts/<script> depends on: the script, the gpulab
-    modules it imports at any depth and the data files it reads (gpulab.sources). An input of the rule,
-    so editing one reruns exactly the steps that use it."""
-    return _from_workdir(step_sources(script, Path(workflow.basedir)))
+def code(script, *files):
+    """A `params:` entry: the content digest of the code the step runs, i.e. workflow/scripts/<script>, the gpulab
+    modules it imports at any depth and the data files it reads (gpulab.sources), plus `files` (repository-relative).
+    A step reruns when this content changes; a file's time (touch, checkout round trip) or place changes nothing.
+    """
+    return code_digest([*step_sources(script, CHECKOUT), *files], CHECKOUT)
 
 
-def kernels_of(wildcards):
-    """Kernel source files of one benchmark cell's implementation (e.g. kernels/triton/<op>.py)."""
-    return _from_workdir(
-        kernel_sources(wildcards.impl, wildcards.op, Path(workflow.basedir))
+def cell_code(wildcards):
+    """`code` of one benchmark cell: also its implementation's kernel files (e.g. kernels/triton/<op>.py), so
+    editing one op's kernel reruns that op's cell only."""
+    return code(
+        "bench_cell.py", *kernel_sources(wildcards.impl, wildcards.op, CHECKOUT)
     )
+
+
+def target_env(wildcards):
+    """A `params:` entry of each step that runs on a target's device: the target's extra environment
+    (`targets.<name>.env`, exported by gpulab.step.run before the step starts), which changes what it measures.
+    """
+    return target_environment(config, wildcards.target)
 
 
 # `resources: **gpu_resources` in each step whose jobs run on a target's device. Through

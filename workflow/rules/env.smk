@@ -1,6 +1,4 @@
 rule env_capture:
-    input:
-        src=sources("env_capture.py"),
     output:
         env=result("env/env.json"),
         tools=result("env/tools.csv"),
@@ -17,10 +15,17 @@ rule env_capture:
     resources:
         **gpu_resources,
     params:
-        strict=config["strict"],
+        code=code("env_capture.py"),
+        target_env=target_env,
         timeout_s=config["env_capture"]["tool_timeout_s"],
     script:
         "../scripts/env_capture.py"
 
 
 register_outputs("env", expand(result("env/env.json"), target=TARGETS))
+
+
+register_outcomes(
+    "env_capture",
+    expand(result("env/{name}.csv"), target=TARGETS, name=["tools", "runtime_stack"]),
+)

@@ -1,9 +1,10 @@
 from gpulab.kernel_compile.archs import ARCHS
 from gpulab.kernel_compile.hipcc import hip_inputs
 
-# Every source a compile depends on is an input (`sources`: the Triton kernels; `hip_inputs`: the HIP
-# sources and the headers they include): editing a kernel reruns the architectures' jobs, and the cache of
-# compiled outcomes, keyed by source, recompiles just what changed.
+# Every source a compile depends on is in its `code` digest (the Triton kernels through gpulab.sources; the HIP
+# sources and the headers they include through `hip_inputs`): editing a kernel reruns the architectures' jobs,
+# and the cache of compiled outcomes, keyed by source, recompiles just what changed.
+HIP_INPUTS = [os.path.relpath(p, CHECKOUT) for p in hip_inputs()]
 
 
 wildcard_constraints:
@@ -12,7 +13,6 @@ wildcard_constraints:
 
 rule kernels_compile:
     input:
-        src=sources("kernels_compile.py") + _from_workdir(hip_inputs()),
         env=result("env/env.json"),
     output:
         result("build/kernels/{arch}.csv"),
@@ -21,16 +21,15 @@ rule kernels_compile:
     benchmark:
         benchmark_of("kernels_compile_{arch}")
     params:
+        code=code("kernels_compile.py", *HIP_INPUTS),
         dtypes=config["bench"]["dtypes"],
         sizes=config["bench"]["sizes"],
-        strict=config["strict"],
     script:
         "../scripts/kernels_compile.py"
 
 
 rule kernels_aggregate:
     input:
-        src=sources("kernels_aggregate.py"),
         cells=expand(result("build/kernels/{arch}.csv"), arch=ARCHS, allow_missing=True),
     output:
         report(
@@ -42,6 +41,8 @@ rule kernels_aggregate:
         log_of("kernels_aggregate"),
     benchmark:
         benchmark_of("kernels_aggregate")
+    params:
+        code=code("kernels_aggregate.py"),
     script:
         "../scripts/kernels_aggregate.py"
 
@@ -54,4 +55,9 @@ localrules:
 
 register_outputs(
     "kernels", expand(result("build/kernel_resources.csv"), target=TARGETS)
+)
+
+
+register_outcomes(
+    "kernels_compile", expand(result("build/kernel_resources.csv"), target=TARGETS)
 )

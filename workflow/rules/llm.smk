@@ -43,8 +43,6 @@ localrules:
 
 
 rule llm_tiny_build:
-    input:
-        src=sources("llm_tiny_build.py"),
     output:
         directory(result("llm/models/tiny")),
     log:
@@ -52,6 +50,7 @@ rule llm_tiny_build:
     benchmark:
         benchmark_of("llm_tiny_build")
     params:
+        code=code("llm_tiny_build.py"),
         seed=LLM["seed"],
     script:
         "../scripts/llm_tiny_build.py"
@@ -59,7 +58,6 @@ rule llm_tiny_build:
 
 rule llm_model_fetch:
     input:
-        src=sources("llm_model_fetch.py"),
         tiny=lambda w: (
             f"{RESULTS}/{w.target}/llm/models/tiny"
             if needs_tiny(LLM_MODELS[w.model])
@@ -72,6 +70,7 @@ rule llm_model_fetch:
     benchmark:
         benchmark_of("llm_model_fetch_{model}")
     params:
+        code=code("llm_model_fetch.py"),
         spec=lambda w: LLM_MODELS[w.model],
         llm=lambda w: download_settings(LLM_MODELS[w.model], LLM),
     script:
@@ -80,7 +79,6 @@ rule llm_model_fetch:
 
 rule llm_infer:
     input:
-        src=sources("llm_infer.py"),
         model=result("llm/models/{model}.json"),
         env=result("env/env.json"),
         ceilings=lambda w: (
@@ -101,10 +99,11 @@ rule llm_infer:
     resources:
         **without_gpu_where(gpu_resources, lambda w: w.model in LLM_ON_CPU),
     params:
+        code=code("llm_infer.py"),
+        target_env=target_env,
         engines=LLM["engines"],
         on_cpu=lambda w: w.model in LLM_ON_CPU,
         llm=LLM_MEASURE,
-        strict=config["strict"],
     script:
         "../scripts/llm_infer.py"
 
@@ -115,6 +114,17 @@ register_outputs(
         result("llm/{kernels}{model}__{engine}.csv"),
         target=TARGETS,
         kernels=["", "kernels/"],
+        model=sorted(LLM_MODELS),
+        engine=LLM["engines"],
+    ),
+)
+
+
+register_outcomes(
+    "llm_infer",
+    expand(
+        result("llm/{model}__{engine}.csv"),
+        target=TARGETS,
         model=sorted(LLM_MODELS),
         engine=LLM["engines"],
     ),

@@ -13,7 +13,6 @@ MLP_STACKS = expand(
 
 rule mlp_profile:
     input:
-        src=sources("mlp_profile.py"),
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
     output:
@@ -22,6 +21,8 @@ rule mlp_profile:
             caption="../report/mlp.rst",
             category="MLP profile",
         ),
+        # The matmul ceiling at the MLP's own GEMM shapes (the variants' dtypes), beside bench/ceilings.csv.
+        ceilings=result("mlp/ceilings.csv"),
         kernels=result("mlp/kernels.csv"),
         ops=result("mlp/ops.csv"),
         traces=MLP_TRACES,
@@ -34,11 +35,18 @@ rule mlp_profile:
     resources:
         **gpu_resources,
     params:
+        code=code("mlp_profile.py"),
+        target_env=target_env,
         mlp=config["mlp"],
         timing=config["timing"],
-        strict=config["strict"],
     script:
         "../scripts/mlp_profile.py"
 
 
 register_outputs("mlp", expand(result("mlp/summary.csv"), target=TARGETS))
+
+
+register_outcomes(
+    "mlp_profile",
+    expand(result("mlp/{name}.csv"), target=TARGETS, name=["summary", "ceilings"]),
+)

@@ -1,6 +1,5 @@
 rule report_render:
     input:
-        src=sources("report_render.py"),
         steps=step_outputs(),
     output:
         report(
@@ -13,6 +12,7 @@ rule report_render:
     benchmark:
         f"{RESULTS}/benchmarks/report_render.jsonl"
     params:
+        code=code("report_render.py"),
         results_dir=lambda wildcards: RESULTS,
         config=config,
         # Each rule's output patterns: with the jobs' benchmark records (wildcards, inputs) they give the

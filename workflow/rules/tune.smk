@@ -22,11 +22,6 @@ rule tune_fast:
 # kernels/triton/config.py all of them (every op's candidates come from it).
 rule tune_triton_op:
     input:
-        src=sources("tune_triton_op.py"),
-        # This op's Triton kernel files (its kernel module in the op registry, and what that imports).
-        kernels=lambda w: _from_workdir(
-            kernel_sources("triton", w.op, Path(workflow.basedir))
-        ),
         env=result("env/env.json"),
         ceilings=result("bench/ceilings.csv"),
     output:
@@ -39,6 +34,11 @@ rule tune_triton_op:
     resources:
         **gpu_resources,
     params:
+        # Also this op's Triton kernel files (its kernel module in the op registry, and what that imports).
+        code=lambda w: code(
+            "tune_triton_op.py", *kernel_sources("triton", w.op, CHECKOUT)
+        ),
+        target_env=target_env,
         # The bench cells' sizes and dtypes of this op, as bench_cell gets them.
         sizes=lambda w: (
             BENCH_SIZES if BENCH_SIZES == "auto" else BENCH_SIZES.get(w.op, "auto")
@@ -47,14 +47,12 @@ rule tune_triton_op:
             k: config["bench"][k] for k in ("dtypes", "max_tensor_mib", "tolerances")
         },
         timing=config["timing"],
-        strict=config["strict"],
     script:
         "../scripts/tune_triton_op.py"
 
 
 rule tune_triton_table:
     input:
-        src=sources("tune_triton_table.py"),
         ops=lambda w: expand(
             result("tune/triton/{op}.csv"), target=w.target, op=BENCH_OPS
         ),
@@ -64,13 +62,14 @@ rule tune_triton_table:
         log_of("tune_triton_table"),
     benchmark:
         benchmark_of("tune_triton_table")
+    params:
+        code=code("tune_triton_table.py"),
     script:
         "../scripts/tune_triton_table.py"
 
 
 rule tune_fast_run:
     input:
-        src=sources("tune_fast_run.py"),
         models=lambda w: expand(
             result("llm/models/{model}.json"),
             target=w.target,
@@ -88,7 +87,8 @@ rule tune_fast_run:
     resources:
         **gpu_resources,
     params:
+        code=code("tune_fast_run.py"),
+        target_env=target_env,
         llm=LLM_MEASURE,
-        strict=config["strict"],
     script:
         "../scripts/tune_fast_run.py"

@@ -11,7 +11,6 @@ def main(step: Step) -> None:
     rows = run_pitfalls(step.target, step.fingerprint, step.timing(), manifest=Path(step.input.manifest))
     table = PITFALLS.write(rows, step.output[0])
     step.show(table, ["method", "impl", "call_order", "status", "ms", "speedup_vs_native", "reason"])
-    step.strict(table, "timing_pitfalls")
 
 
 run(snakemake, main)

@@ -14,8 +14,7 @@ def main(step: Step) -> None:
 
     env = capture(Path(step.output.env).parent, target=step.target, timeout_s=step.params.timeout_s)
     print(f"fingerprint {env['fingerprint']}: {env['device']['backend']} / {env['device']['name']}")
-    tools = TOOLS.read(step.output.tools)
-    step.strict(tools[tools["required"]], "env_capture (tools required on this backend)")
+    step.show(TOOLS.read(step.output.tools), ["tool", "required", "status", "reason"])
 
 
 run(snakemake, main)

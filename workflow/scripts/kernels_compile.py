@@ -14,9 +14,6 @@ def main(step: Step) -> None:
     write_atomic(step.output[0], table.to_csv(index=False))
     step.show(table, ["kernel", "variant", "dtype", "status", "registers", "spilled_regs", "occupancy", "compile_s",
                       "reason"])
-    # Triton ships its compilers, so its rows must compile anywhere; hipcc rows depend on the installed hipcc
-    # (absent on NVIDIA hosts, without gfx1151 in Debian's), which strict mode does not judge.
-    step.strict(table[table["compiler"].str.startswith("triton")], "kernels_compile")
 
 
 run(snakemake, main)

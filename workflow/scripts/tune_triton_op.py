@@ -13,8 +13,6 @@ def main(step: Step) -> None:
     )
     step.show(table, ["size", "dtype", "config", "picked", "fastest", "status", "median_ms", "gbps", "pct_of_ceiling",
                       "reason"])
-    # Without a GPU every row is skipped by design: strict judges the candidates that could run.
-    step.strict(table[table["status"] != "skipped"], f"tune_triton {step.wildcards.op}")
 
 
 run(snakemake, main)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,3 +133,10 @@ VARIANTS: dict[str, Variant] = {
                 bf16_weights=True, graph=True, tolerance=_BF16),
     )
 }
+
+
+def ceiling_dtypes(variants: Sequence[str]) -> list[str]:
+    """The dtypes whose matmul ceiling the variants are placed against (TF32 is fp32's CUDA mode: measured with it,
+    :func:`gpulab.ceilings.matmul_modes`)."""
+    return sorted({"fp32" if VARIANTS[v].ceiling_dtype == "tf32" else VARIANTS[v].ceiling_dtype
+                   for v in variants if v in VARIANTS})

@@ -59,7 +59,8 @@ MLP_SUMMARY = TableSchema(
         Column("variant", "str", "fp32 | tf32 (CUDA only) | bf16 (autocast) | compiled (torch.compile, fp32) | "
                "tf32_graph | bf16_graph | bf16_weights (bf16 parameters, no autocast) | bf16_weights_graph; "
                "*_graph: the whole step replayed as one CUDA/HIP graph"),
-        Column("ceiling_dtype", "str", "matmul ceiling (bench/ceilings.csv) the variant is placed against"),
+        Column("ceiling_dtype", "str",
+               "matmul ceiling (bench/ceilings.csv, mlp/ceilings.csv) the variant is placed against"),
         Column("dim", "int", "hidden size"),
         Column("num_layers", "int", "Linear -> GeLU layers"),
         Column("batch", "int", "rows of the input"),
@@ -509,12 +510,6 @@ def _profile_one(variant: Variant, setup: _Setup, shape: MLPShape, timing: Timin
         log.info("%s: %s (%s)", variant.name, fields["status"], fields["reason"])
         write_unprofiled(out_dir, variant.name, fields["status"], fields["reason"])
     return fields, kernels, ops
-
-
-def strict_rows(summary: pd.DataFrame, device: DeviceInfo | None = None) -> pd.DataFrame:
-    """Rows strict mode judges: variants this backend has at all (TF32 on ROCm is recorded, not a failure)."""
-    info = device or detect()
-    return summary[[VARIANTS[v].unavailable(info) is None for v in summary["variant"]]]
 
 
 def _records(frames: list[pd.DataFrame]) -> list[dict[str, Any]]:
