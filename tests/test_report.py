@@ -513,7 +513,7 @@ def _words(html: str) -> str:
 @functools.cache
 def _flagged_report() -> tuple[str, Path]:
     """The recorded CPU run with its MLP bf16 row at 199% of its ceiling and its fast LLM decode row at 120%."""
-    root = Path(tempfile.mkdtemp(prefix="gpulab-flagged-"))  # removed with the session's other renders below
+    root = Path(tempfile.mkdtemp(prefix="gpulab-flagged-"))  # removed with the test run's other renders below
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     shutil.copytree(FIXTURE_RESULTS / "cpu", root / "results/cpu")
     mlp = root / "results/cpu/mlp/summary.csv"

@@ -20,6 +20,7 @@ from typing import Any
 
 import triton
 
+
 @dataclass(frozen=True)
 class Target:
     backend: str  # "cuda" | "hip" | "interpreter"
