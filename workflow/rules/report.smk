@@ -1,7 +1,12 @@
+from gpulab.report.results import foreign_files
+
+
 rule report_render:
     input:
         src=sources("report_render.py"),
         steps=step_outputs(),
+        # Targets copied in from other machines: a new or changed one renders the report again.
+        foreign=foreign_files(RESULTS, TARGETS),
     output:
         report(
             config["report"]["output"],
