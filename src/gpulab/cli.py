@@ -191,7 +191,8 @@ def parser() -> argparse.ArgumentParser:
                                              "(95% bootstrap CI of the ratio of medians and a minimum effect)")
     compare.add_argument("baseline", metavar="RESULTS_A",
                          help="baseline results directory, or a kept run: results/<target>@<run>")
-    compare.add_argument("new", metavar="RESULTS_B", help="new results directory, or a kept run: results/<target>@<run>")
+    compare.add_argument("new", metavar="RESULTS_B",
+                         help="new results directory, or a kept run: results/<target>@<run>")
     compare.add_argument("-o", "--output", default="reports/compare.html", help="HTML file (default: %(default)s)")
     compare.add_argument("--config", help="config file (default: ./config.yaml)")
     compare.add_argument("--title", help="page title")

@@ -34,6 +34,8 @@ RESTORED = "restored"
 RUN_ID_VAR = "GPULAB_RUN_ID"  # set by the Snakefile: every job of one invocation records under one run
 TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 SEPARATOR = "__"
+# What is kept of a step: its tables, records and log (not traces or built libraries, which can be large).
+KEPT_SUFFIXES = (".csv", ".json", ".jsonl", ".log")
 # A restored table is dated here, older than any input, so Snakemake's modification-time rule measures it again.
 STALE_MTIME = 0.0
 
@@ -106,12 +108,12 @@ def history_dir(target_dir: str | Path) -> Path:
 
 
 def record(target_dir: str | Path, run_id: str, files: Iterable[str | Path]) -> list[Path]:
-    """Copy ``files`` (under ``target_dir``) into the run's history; returns the copies. A table written again
-    in the same run replaces its copy."""
+    """Copy ``files`` (under ``target_dir``; tables, records and logs: :data:`KEPT_SUFFIXES`) into the run's
+    history; returns the copies. A table written again in the same run replaces its copy."""
     target_dir = Path(target_dir)
     copies = []
     for file in map(Path, files):
-        if not file.is_file():
+        if not file.is_file() or file.suffix not in KEPT_SUFFIXES:
             continue
         try:
             rel = file.resolve().relative_to(target_dir.resolve())

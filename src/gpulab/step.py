@@ -8,6 +8,7 @@ be set before, and :func:`run` sets them first.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -131,6 +132,7 @@ def run_watched(body: Callable[[], None]) -> int:
 
 
 def _child(body: Callable[[], None]) -> int:
+    faulthandler.enable()  # a crash in native code (SIGSEGV, SIGBUS...) leaves the Python stack in the log
     try:
         body()
         code = 0

@@ -68,7 +68,8 @@ def _target(ctx: Any, target: str, min_effect: float, points: list[dict[str, Any
         if artifact["only"]:
             continue
         deltas = artifact["all"]
-        measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin((FASTER, SLOWER, AMBIGUOUS, WITHIN, NO_VERDICT))]
+        judged = (FASTER, SLOWER, AMBIGUOUS, WITHIN, NO_VERDICT)
+        measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin(judged)]
         points += [{"cell": f"{target} · {artifact['name'].rsplit('.', 1)[0]}", "verdict": row["verdict"],
                     "time ratio (new / baseline)": 1 + row["change_pct"] / 100} for _, row in measured.iterrows()]
     return {"name": target, "env_diff": env_differences(ctx.baseline.env(target), ctx.results.env(target)),

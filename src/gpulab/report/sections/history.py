@@ -61,7 +61,7 @@ def trend(ctx: Any, target_dir: Path, name: str, kept: list[Run]) -> dict[str, A
     wide = wide[wide.notna().sum(axis=1) >= 2]
     if wide.empty:
         return None
-    wide["changes"] = ["; ".join(changes.get(index if isinstance(index, tuple) else (index,), [])) for index in wide.index]
+    wide["changes"] = ["; ".join(changes.get(i if isinstance(i, tuple) else (i,), [])) for i in wide.index]
     flagged = wide[wide["changes"] != ""].reset_index()
     return {"name": name, "runs": [_label(r) for r, _ in versions], "cells": len(wide),
             "flagged": flagged, "all": wide.reset_index()}
