@@ -97,3 +97,15 @@ def test_gpulab_compare_takes_two_kept_runs(kept, tmp_path, capsys):
     assert "local@20261125T110000Z__bbbbbbb+dirty__222222222222 against local@20261125T100000Z" in out.read_text()
     with pytest.raises(SystemExit, match="matches no run"):
         gpulab_main(["compare", f"{kept}@1999", f"{kept}@-1", "-o", str(out)])
+
+
+def test_a_table_older_than_a_table_its_job_read_is_stale(kept):
+    run = history.runs(kept)[-1].id
+    cell = kept / "bench/cells/gelu__native.csv"
+    cell.parent.mkdir(parents=True)
+    cell.write_text("measured before the aggregate\n")
+    os.utime(cell, (1, 1))
+    history.record_job(kept, run, "bench_aggregate_gelu", [kept / "bench/gelu.csv"], [cell, "src/gpulab/x.py"])
+    assert history.stale(kept) == {}
+    cell.write_text("measured again, the aggregate not rebuilt\n")
+    assert history.stale(kept) == {"bench/gelu.csv": "older than its input bench/cells/gelu__native.csv"}

@@ -110,7 +110,7 @@ def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None)
 
 
 def _history(args: argparse.Namespace, _command: str) -> int:
-    from gpulab.history import restored, runs
+    from gpulab.history import runs, stale
     from gpulab.report.results import target_dirs
 
     root = Path(args.results or _config(args.config)["results_dir"])
@@ -126,8 +126,8 @@ def _history(args: argparse.Namespace, _command: str) -> int:
         for run in kept:
             when = run.time.strftime("%Y-%m-%d %H:%M:%S") if run.time else "?"
             out.print(f"  {run.id:<46} {when:<20} {len(run.steps)}: {', '.join(run.steps)}")
-        for rel, note in restored(target).items():
-            out.print(f"[yellow]stale:[/] {target / rel} is the last good table of run {note['run']} ({note['why']})")
+        for rel, why in stale(target).items():
+            out.print(f"[yellow]stale:[/] {target / rel}: {why}")
     out.print("compare two runs: gpulab compare RESULTS/TARGET@RUN RESULTS/TARGET@RUN (a unique prefix of the run, "
               "or -1 for the latest, -2 the one before)")
     return 0

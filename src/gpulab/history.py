@@ -107,6 +107,50 @@ def history_dir(target_dir: str | Path) -> Path:
     return Path(target_dir) / HISTORY
 
 
+def _rel(target_dir: Path, file: str | Path) -> str | None:
+    try:
+        return Path(file).resolve().relative_to(target_dir.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def record_job(target_dir: str | Path, run_id: str, job: str, outputs: Iterable[str | Path],
+               inputs: Iterable[str | Path]) -> None:
+    """Note which of the target's tables one job read and wrote (``history/<run>/jobs/<job>.json``): a table older
+    than one of those inputs is stale (:func:`stale`)."""
+    target_dir = Path(target_dir)
+    rels = lambda paths: sorted({r for p in paths if (r := _rel(target_dir, p)) and not r.startswith(HISTORY)})  # noqa: E731
+    path = history_dir(target_dir) / run_id / "jobs" / f"{job}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"outputs": rels(outputs), "inputs": rels(inputs)}) + "\n")
+
+
+def stale(target_dir: str | Path) -> dict[str, str]:
+    """The target's tables that are older than their inputs, each with why: put back after a failed or
+    interrupted re-measurement (:func:`restored`), or older than a table its job read (a cell measured again
+    after its aggregate)."""
+    target_dir = Path(target_dir)
+    found = {rel: f"the last good table of run {note['run']}: {note['why']}"
+             for rel, note in restored(target_dir).items()}
+    latest: dict[str, list[str]] = {}
+    for run in runs(target_dir):
+        for job in sorted((run.path / "jobs").glob("*.json")):
+            try:
+                note = json.loads(job.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            latest.update({out: note.get("inputs", []) for out in note.get("outputs", [])})
+    for rel, inputs in latest.items():
+        table = target_dir / rel
+        if rel in found or not table.is_file():
+            continue
+        newer = [i for i in inputs if (target_dir / i).is_file()
+                 and (target_dir / i).stat().st_mtime > table.stat().st_mtime]
+        if newer:
+            found[rel] = f"older than its input {newer[0]}" + (f" and {len(newer) - 1} more" if len(newer) > 1 else "")
+    return found
+
+
 def record(target_dir: str | Path, run_id: str, files: Iterable[str | Path]) -> list[Path]:
     """Copy ``files`` (under ``target_dir``; tables, records and logs: :data:`KEPT_SUFFIXES`) into the run's
     history; returns the copies. A table written again in the same run replaces its copy."""

@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Callable, MutableMapping, Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from gpulab.cluster import apply_target_env
@@ -23,6 +24,8 @@ from gpulab.device_lock import arm_device_claim, start_waits_record
 from gpulab.failures import EXIT_RECORD
 from gpulab.logs import to_log
 from gpulab.paths import compiler_cache_env
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class Step:
@@ -108,10 +111,12 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
     if code != 0:
         raise SystemExit(code)
     if target is not None and snakemake.config.get("results_dir"):
-        from gpulab.history import current_run_id, record
+        from gpulab.history import current_run_id, record, record_job
 
         target_dir = os.path.join(snakemake.config["results_dir"], str(target))
-        record(target_dir, current_run_id(snakemake.config), [*snakemake.output, *snakemake.log])
+        run_id = current_run_id(snakemake.config)
+        record(target_dir, run_id, [*snakemake.output, *snakemake.log])
+        record_job(target_dir, run_id, Path(snakemake.log[0]).stem, snakemake.output, snakemake.input)
 
 
 def run_watched(body: Callable[[], None]) -> int:
@@ -131,7 +136,18 @@ def run_watched(body: Callable[[], None]) -> int:
     return code if code > 0 else 128 - code if code < 0 else 0
 
 
+def _die_with_parent() -> None:
+    """Linux: end this process when its parent (the job Snakemake started, and may cancel) ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
 def _child(body: Callable[[], None]) -> int:
+    _die_with_parent()
     faulthandler.enable()  # a crash in native code (SIGSEGV, SIGBUS...) leaves the Python stack in the log
     try:
         body()

@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.history import Run, restored, runs
+from gpulab.history import Run, runs
+from gpulab.history import stale as stale_tables
 from gpulab.report.compare import AMBIGUOUS, FLAGGED, run_deltas
 from gpulab.report.results import is_measured, key_columns
 
@@ -72,8 +73,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
     for target in ctx.results.targets:
         target_dir = ctx.results.root / target
         kept = runs(target_dir)
-        stale = [{"table": rel, "kept from run": note["run"], "why": note["why"]}
-                 for rel, note in restored(target_dir).items()]
+        stale = [{"table": rel, "why": why} for rel, why in stale_tables(target_dir).items()]
         names = sorted({name for run in kept for name in ctx.results.artifact_names()
                         if (run.path / name).is_file()})
         trends = [t for name in names if (t := trend(ctx, target_dir, name, kept)) is not None]
