@@ -37,6 +37,15 @@ def test_each_explicit_size_is_checked():
     assert "matmul_n" not in str(err.value)  # 192 MiB fits
 
 
+def test_a_model_larger_than_the_device_is_named():
+    config = validate_config({"llm": {"models": ["tiny", "random:Qwen/Qwen2.5-7B-Instruct"]}})
+    [(_, what)] = [e for e in estimates(config) if e[1].startswith("llm")]
+    assert what == "llm random:Qwen/Qwen2.5-7B-Instruct (7.6 B parameters in bf16)"
+    check(config, LIMIT)
+    with pytest.raises(PreflightError, match=r"llm random:Qwen/Qwen2.5-7B-Instruct .* needs at least 14.2 GiB"):
+        check(config, (12 * GIB, "a 12 GiB GPU"))
+
+
 def test_a_workflow_run_fails_at_once_before_any_job(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config",
                            "mlp={dim: 1000000000000}"], cwd=REPO, capture_output=True, text=True, timeout=120,

@@ -1,10 +1,10 @@
 """Pre-flight: settings whose tensors cannot fit the device fail before any job starts, with estimate and limit.
 
-Each estimate is a lower bound of one step's peak memory from the explicit settings (the ``auto`` values scale
-with the device and fit by construction; where one setting of a step is explicit, its ``auto`` partners count at
-their GPU values). The limit is the memory the measuring device has: the local GPU's (``nvidia-smi`` /
-``rocm-smi``), the host's without a GPU driver, and for cluster targets, whose nodes this host cannot see,
-:data:`LARGEST_DEVICE_BYTES`.
+Each estimate is a lower bound of one step's peak memory (an LLM's: its weights) from the explicit settings (the
+``auto`` values scale with the device and fit by construction; where one setting of a step is explicit, its
+``auto`` partners count at their GPU values). The limit is the memory the measuring device has: the local
+GPU's (``nvidia-smi`` / ``rocm-smi``), the host's without a GPU driver, and for cluster targets, whose nodes this
+host cannot see, :data:`LARGEST_DEVICE_BYTES`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from gpulab.config import ConfigError
@@ -85,6 +86,38 @@ def standalone_bytes(build: Mapping[str, Any]) -> list[tuple[int, str]]:
     return [(2 * n * 4, f"build standalone_sizes ({n:,} fp32 elements in and out)")]
 
 
+def transformer_parameters(arch: Mapping[str, Any]) -> int:
+    """Parameters of a decoder-only transformer (Qwen2, Llama) from its config.json: embeddings, attention with
+    grouped key/value heads, a gated MLP per layer."""
+    hidden, layers = int(arch["hidden_size"]), int(arch["num_hidden_layers"])
+    heads = int(arch["num_attention_heads"])
+    kv = int(arch.get("num_key_value_heads", heads)) * (hidden // heads)
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * int(arch["intermediate_size"])
+    embeddings = int(arch["vocab_size"]) * hidden * (1 if arch.get("tie_word_embeddings") else 2)
+    return layers * per_layer + embeddings
+
+
+def llm_bytes(llm: Mapping[str, Any]) -> list[tuple[int, str]]:
+    """Each configured model's weights in ``llm.dtype``, where its architecture is known here (a shipped
+    config.json or a local directory's)."""
+    from gpulab.llm.models import is_directory_spec, shipped_config_dir, spec_model_id
+
+    found = []
+    for spec in llm.get("models") or []:
+        if spec == "tiny":
+            continue
+        directory = Path(spec).expanduser() if is_directory_spec(spec) else shipped_config_dir(spec_model_id(spec))
+        try:
+            arch = json.loads((directory / "config.json").read_text()) if directory else None
+            params = transformer_parameters(arch) if isinstance(arch, dict) else None
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            params = None
+        if params:
+            dtype = llm.get("dtype", "bf16")
+            found.append((params * DTYPE_BYTES[dtype], f"llm {spec} ({params / 1e9:,.1f} B parameters in {dtype})"))
+    return found
+
+
 def estimates(config: Mapping[str, Any]) -> list[tuple[int, str]]:
     """(bytes, what) of every step's explicit settings."""
     found = []
@@ -94,6 +127,7 @@ def estimates(config: Mapping[str, Any]) -> list[tuple[int, str]]:
     found += bench_bytes(config.get("bench") or {})
     found += ceilings_bytes(config.get("ceilings") or {})
     found += standalone_bytes(config.get("build") or {})
+    found += llm_bytes(config.get("llm") or {})
     return found
 
 
