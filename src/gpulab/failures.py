@@ -143,13 +143,14 @@ def _reason(text: str) -> list[str]:
     exits = exit_records(text)
     if error and not (exits and error.startswith("SystemExit")):
         return error.splitlines()
-    lines = [line for line in text.splitlines() if line.startswith("SystemExit(")]
+    # The step's own last words: a SystemExit's place (gpulab.step), a native crash's (faulthandler).
+    lines = [line for line in text.splitlines() if line.startswith(("SystemExit(", "Fatal Python error:"))]
     if exits:
         lines += exits[-1:]
     else:
         lines.append("no reason recorded in the log: the job was ended from outside (its whole process group "
                      "killed: a scheduler's time or memory limit, an OOM kill of the job, a kill by hand)")
-    last = tail(text)
+    last = [line for line in tail(text) if line not in lines]
     return lines + (["last lines of the log:", *(f"  {line}" for line in last)] if last else [])
 
 

@@ -175,7 +175,7 @@ def describe_exit(code: int, oom_before: int | None = None, oom_after: int | Non
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        text = f"killed by {name} (signal {-code})"
+        text = f"was killed by {name} (signal {-code})"
     else:
         text = f"exited with code {code}"
     if oom_before is not None and oom_after is not None and oom_after > oom_before:
