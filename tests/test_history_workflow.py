@@ -77,7 +77,9 @@ def test_a_killed_forced_measurement_is_measured_again_after_unlock(done, tmp_pa
                             "small.yaml", "--forcerun", CELL], cwd=work, env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while (work / CELL).exists() and time.monotonic() < deadline:  # Snakemake removes it as the job starts
+    # Killed once Snakemake removed the table and marked it as being written (.snakemake/incomplete/).
+    while ((work / CELL).exists() or CELL not in history.incomplete_outputs(work / ".snakemake")) \
+            and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
