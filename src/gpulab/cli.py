@@ -76,7 +76,7 @@ def _compare(args: argparse.Namespace, command: str) -> int:
     baseline, baseline_name = _run_or_results(args.baseline, "baseline results")
     new, new_name = _run_or_results(args.new, "new results")
     if baseline.resolve() == new.resolve() or baseline_name == new_name:
-        raise SystemExit("gpulab: BASELINE and NEW are the same results; nothing to compare")
+        raise SystemExit("gpulab: BASELINE and NEW are the same directory (or the same kept run); nothing to compare")
     title = args.title or f"{config['report']['title']}: {new_name} against {baseline_name}"
     min_effect = args.min_effect / 100
     # The changes section reads the threshold from here (keys starting with "_" are not configuration).
