@@ -64,12 +64,16 @@ onerror:
     history.record_benchmarks(RESULTS, run_id, RUN_STARTED)
     # Snakemake removed the failed jobs' outputs: their last good tables go back, marked stale.
     failed = [out for job in failed_jobs(log) for out in job.outputs]
-    for line in history.restore_failed(RESULTS, failed):
+    restored = history.restore_failed(RESULTS, failed)
+    for line in restored:
         print(f"gpulab: {line}", file=sys.stderr)
     # One list of every failing step and its reason (with keep-going, from the default profile: all of them).
     summary = failure_summary(RESULTS, LOG_OFFSETS, log)
     if summary:
         print(summary, file=sys.stderr)
+    refreshed = history.mark_report_stale(RESULTS, config) if restored else None
+    if refreshed:
+        print(f"gpulab: {refreshed}", file=sys.stderr)
 
 
 rule all:

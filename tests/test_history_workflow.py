@@ -61,6 +61,10 @@ def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):
     assert (f"gpulab: results/local/bench/cells/gelu__triton.csv: kept the last good table (run "
             f"{history.runs(done / 'results/local')[0].id}), marked stale") in proc.stderr
     assert triton.read_bytes() == good and triton.stat().st_mtime == history.STALE_MTIME
+    # The report Snakemake could not render (its inputs failed) is rendered again, marking the table stale.
+    assert "gpulab: reports/report.html rendered again: it marks the tables put back as stale" in proc.stderr
+    html = (work / "reports/report.html").read_text()
+    assert "are stale, older than their inputs" in html and "bench/cells/gelu__triton.csv" in html
     again = snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml")
     assert "stale, the last good table of run" in again.stderr
     assert planned_jobs(again).get("bench_cell", 0) >= 1
