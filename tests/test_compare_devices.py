@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from gpulab.report.compare import AMBIGUOUS, SLOWER, compare_runs, regressions
 from gpulab.report.results import ResultsIndex
 from gpulab.timing import format_blocks, parse_blocks

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from gpulab.failures import EXIT_RECORD, failed_jobs, failure_summary, slurm_account
 from gpulab.step import describe_exit, run_watched
 

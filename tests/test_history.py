@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from gpulab import history
 from gpulab.cli import main as gpulab_main
 from gpulab.timing import format_blocks, parse_blocks

@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from gpulab import history
 from test_workflow_reruns import REPO, copy_checkout, planned_jobs, snakemake
+
+from gpulab import history
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gpulab.config import validate_config
 from gpulab.preflight import GIB, PreflightError, check, estimates
 
