@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.ceilings import STATE_COLUMNS
+from gpulab.history import HISTORY
 from gpulab.tables import IDENTIFYING_COLUMNS
 from gpulab.timing import TIMING_COLUMNS
 
@@ -200,7 +201,7 @@ def foreign_files(root: str | Path, own: Sequence[str]) -> list[str]:
         if target.name in own:
             continue
         files += [p.as_posix() for p in sorted(target.rglob("*")) if p.is_file()
-                  and p.relative_to(target).parts[0] != "history" and not p.name.startswith(".")]
+                  and p.relative_to(target).parts[0] != HISTORY and not p.name.startswith(".")]
     return files
 
 
