@@ -1,12 +1,16 @@
 from snakemake.utils import min_version
 
+import os
 import sys
+import time
 
 # This checkout's gpulab, whatever else is installed: the workflow runs the code it ships.
 sys.path.insert(0, f"{workflow.basedir}/src")
 
 from gpulab.config import validate_config
-from gpulab.failures import failure_summary, log_offsets
+from gpulab.preflight import check as preflight
+from gpulab.failures import failed_jobs, failure_summary, log_offsets
+from gpulab import history
 
 min_version("9.0")
 
@@ -17,8 +21,11 @@ configfile: "config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# Validated (and defaults filled) before any job runs; a bad key fails here, naming it.
+# Validated (and defaults filled) before any job runs; a bad key fails here, naming it. Settings whose tensors
+# cannot fit the device fail here too, with the estimate and the limit (gpulab.preflight).
 config.update(validate_config(config))
+if workflow.is_main_process:
+    preflight(config)
 
 
 include: "workflow/rules/common.smk"
@@ -35,13 +42,39 @@ include: "workflow/rules/outcomes.smk"
 
 # What the step logs hold before this run: on error, only what the run added is summarised.
 LOG_OFFSETS = log_offsets(RESULTS)
+RUN_STARTED = time.time()
+
+if workflow.is_main_process:
+    # One run name for every job of this invocation: their tables are kept under it (gpulab.history).
+    os.environ.setdefault(
+        history.RUN_ID_VAR, history.new_run_id(config, workflow.basedir)
+    )
+    # A killed run's half-measured tables: the last good ones go back in place and are measured again.
+    for line in history.restore_interrupted(RESULTS) or history.stale_notice(
+        RESULTS, TARGETS
+    ):
+        print(f"gpulab: {line}", file=sys.stderr)
+
+
+onsuccess:
+    history.record_benchmarks(RESULTS, os.environ[history.RUN_ID_VAR], RUN_STARTED)
 
 
 onerror:
+    run_id = os.environ[history.RUN_ID_VAR]
+    history.record_benchmarks(RESULTS, run_id, RUN_STARTED)
+    # Snakemake removed the failed jobs' outputs: their last good tables go back, marked stale.
+    failed = [out for job in failed_jobs(log) for out in job.outputs]
+    restored = history.restore_failed(RESULTS, failed)
+    for line in restored:
+        print(f"gpulab: {line}", file=sys.stderr)
     # One list of every failing step and its reason (with keep-going, from the default profile: all of them).
-    summary = failure_summary(RESULTS, LOG_OFFSETS)
+    summary = failure_summary(RESULTS, LOG_OFFSETS, log)
     if summary:
         print(summary, file=sys.stderr)
+    refreshed = history.mark_report_stale(RESULTS, config) if restored else None
+    if refreshed:
+        print(f"gpulab: {refreshed}", file=sys.stderr)
 
 
 rule all:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from types import SimpleNamespace
 
@@ -15,13 +16,13 @@ def test_every_step_compiles_into_the_workflow_cache(monkeypatch, tmp_path):
     for name in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING"):
         os.environ.pop(name, None)
     os.environ[CACHE_ENV] = str(tmp_path / "cache")
-    seen = {}
     job = SimpleNamespace(log=[str(tmp_path / "x.log")], config={}, input={}, output=[], params={},
                           wildcards=SimpleNamespace())
-    step_module.run(job, lambda step: seen.update({k: os.environ.get(k) for k in
-                                                   ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                                                    "TRITON_CACHE_AUTOTUNING")}))
-    assert seen == {"TRITON_CACHE_DIR": str(tmp_path / "cache/triton"),
+    names = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
+    # The step runs in a child process (gpulab.step.run_watched): what it saw comes back through a file.
+    step_module.run(job, lambda step: (tmp_path / "seen.json").write_text(json.dumps({k: os.environ.get(k)
+                                                                                      for k in names})))
+    assert json.loads((tmp_path / "seen.json").read_text()) == {"TRITON_CACHE_DIR": str(tmp_path / "cache/triton"),
                     "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache/inductor"), "TRITON_CACHE_AUTOTUNING": "1"}
 
 

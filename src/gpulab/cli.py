@@ -2,7 +2,10 @@
 
     gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory
     gpulab compare BASELINE NEW [-o reports/compare.html] [--min-effect 3] [--fail-on regression]
-                                                             the same report with a verdict per cell
+                                                             the same report with a verdict per cell; BASELINE
+                                                             and NEW are results directories or kept runs
+                                                             (results/local@<run>, results/local/history/<run>)
+    gpulab history [RESULTS] [--target T]                    the runs kept of each target
     gpulab check-report REPORT [--screenshot PNG] [--pdf PDF] open it in headless Chromium and check it
     gpulab example-report [-o DIR]                           the recorded H100 and CPU runs, rendered
 """
@@ -55,15 +58,26 @@ def _report(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
+def _run_or_results(value: str, what: str) -> tuple[Path, str]:
+    """A results directory, or a kept run of a target (gpulab.history) as one; and how to name it."""
+    from gpulab.history import resolve_results
+
+    try:
+        path, run = resolve_results(value)
+    except LookupError as exc:
+        raise SystemExit(f"gpulab: {what}: {exc}") from None
+    return _results_dir(str(path), what), run or value
+
+
 def _compare(args: argparse.Namespace, command: str) -> int:
     from gpulab.report.render import render_report
 
     config = _config(args.config)
-    baseline = _results_dir(args.baseline, "baseline results")
-    new = _results_dir(args.new, "new results")
-    if baseline.resolve() == new.resolve():
-        raise SystemExit("gpulab: BASELINE and NEW are the same directory; nothing to compare")
-    title = args.title or f"{config['report']['title']}: {new} against {baseline}"
+    baseline, baseline_name = _run_or_results(args.baseline, "baseline results")
+    new, new_name = _run_or_results(args.new, "new results")
+    if baseline.resolve() == new.resolve() or baseline_name == new_name:
+        raise SystemExit("gpulab: BASELINE and NEW are the same directory (or the same kept run); nothing to compare")
+    title = args.title or f"{config['report']['title']}: {new_name} against {baseline_name}"
     min_effect = args.min_effect / 100
     # The changes section reads the threshold from here (keys starting with "_" are not configuration).
     config = {**config, "_min_effect": min_effect}
@@ -92,6 +106,30 @@ def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None)
     if fail_on == "regression" and not bad.empty:
         console.print(f"[red]gpulab compare: {len(bad)} regression(s) (--fail-on regression)[/]")
         return 1
+    return 0
+
+
+def _history(args: argparse.Namespace, _command: str) -> int:
+    from gpulab.history import runs, stale
+    from gpulab.report.results import target_dirs
+
+    root = Path(args.results or _config(args.config)["results_dir"])
+    targets = [t for t in target_dirs(root) if args.target in (None, t.name)]
+    if not targets:
+        raise SystemExit(f"gpulab: no target {args.target!r} under {root}" if args.target else
+                         f"gpulab: {root} holds no results (expected {root}/<target>/<step>/...)")
+    out = Console(highlight=False, soft_wrap=True)
+    for target in targets:
+        kept = runs(target)
+        out.print(f"[bold]{target.name}[/]: {len(kept)} run(s) kept under {target / 'history'}")
+        out.print("  run (time__commit__config digest)             time (UTC)           steps")
+        for run in kept:
+            when = run.time.strftime("%Y-%m-%d %H:%M:%S") if run.time else "?"
+            out.print(f"  {run.id:<46} {when:<20} {len(run.steps)}: {', '.join(run.steps)}")
+        for rel, why in stale(target).items():
+            out.print(f"[yellow]stale:[/] {target / rel}: {why}")
+    out.print("compare two runs: gpulab compare RESULTS/TARGET@RUN RESULTS/TARGET@RUN (a unique prefix of the run, "
+              "or -1 for the latest, -2 the one before)")
     return 0
 
 
@@ -152,8 +190,10 @@ def parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help="render the report of NEW with a verdict per cell against BASELINE "
                                              "(95%% bootstrap CI of the ratio of medians and a minimum effect)")
-    compare.add_argument("baseline", metavar="RESULTS_A", help="baseline results directory")
-    compare.add_argument("new", metavar="RESULTS_B", help="new results directory")
+    compare.add_argument("baseline", metavar="RESULTS_A",
+                         help="baseline results directory, or a kept run: results/<target>@<run>")
+    compare.add_argument("new", metavar="RESULTS_B",
+                         help="new results directory, or a kept run: results/<target>@<run>")
     compare.add_argument("-o", "--output", default="reports/compare.html", help="HTML file (default: %(default)s)")
     compare.add_argument("--config", help="config file (default: ./config.yaml)")
     compare.add_argument("--title", help="page title")
@@ -162,6 +202,12 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--fail-on", choices=["regression"],
                          help="exit 1 when a cell is significantly slower or stopped being ok (for CI jobs)")
     compare.set_defaults(run=_compare)
+
+    history = sub.add_parser("history", help="list the runs kept of each target (time, commit, config digest, steps)")
+    history.add_argument("results", nargs="?", help="results directory (default: results_dir of the config)")
+    history.add_argument("--target", help="only this target")
+    history.add_argument("--config", help="config file (default: ./config.yaml)")
+    history.set_defaults(run=_history)
 
     check = sub.add_parser("check-report", help="open a report in headless Chromium and check it")
     check.add_argument("report", help="HTML report")

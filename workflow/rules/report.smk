@@ -1,6 +1,11 @@
+from gpulab.report.results import foreign_files
+
+
 rule report_render:
     input:
         steps=step_outputs(),
+        # Targets copied in from other machines: a new or changed one renders the report again.
+        foreign=foreign_files(RESULTS, TARGETS),
     output:
         report(
             config["report"]["output"],

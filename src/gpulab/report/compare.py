@@ -23,6 +23,13 @@ moves the case and the reference alike, an edit of the kernel only the case; a r
 microseconds is itself noisy, which the time alone is not. Requiring both keeps the false-flag rate at most
 that of either (an intersection-union test); ``change_pct`` stays the change of the time, beside
 ``relative_change_pct`` and ``reference_change_pct``.
+
+A latency-bound case (the bench tables' ``regime``: its ceiling at that size is below half the plateau, so a
+launch, not bandwidth, sets its time) is judged against its own minimum effect: the larger of
+:data:`LATENCY_MIN_EFFECT` and half the interdecile range of its repetitions (either run). Its time is a few
+microseconds of launch overhead that two devices of one kind (other host CPUs, clocks, drivers) differ by beyond
+any run's own noise, which the confidence interval cannot see; a significant change below that minimum is
+"ambiguous", never a regression (docs/decisions.md, "A compare rule an A/A pair never fails").
 """
 
 from __future__ import annotations
@@ -49,13 +56,18 @@ FASTER = "faster"
 SLOWER = "slower"
 WITHIN = "no significant change"
 NO_VERDICT = "no verdict"
+AMBIGUOUS = "ambiguous"
 STATUS_CHANGED = "status changed"
 ONLY_A = "only in baseline"
 ONLY_B = "only in this run"
-VERDICTS = (SLOWER, STATUS_CHANGED, FASTER, WITHIN, NO_VERDICT, ONLY_A, ONLY_B)
+VERDICTS = (SLOWER, STATUS_CHANGED, FASTER, AMBIGUOUS, WITHIN, NO_VERDICT, ONLY_A, ONLY_B)
 FLAGGED = (SLOWER, STATUS_CHANGED, FASTER)
 MIN_EFFECT = 0.03  # smallest change of the median worth flagging (fraction)
 MIN_REPS = 5  # fewer repetitions on either side: no verdict
+# Smallest change of a latency-bound case's median that is flagged: two H100s measuring one build differed by up to
+# 5.4% on such cases (docs/decisions.md); twice that is where a change is the kernel's, not the device's.
+LATENCY_MIN_EFFECT = 0.10
+LATENCY = "latency"
 BOOTSTRAP_RESAMPLES = 2000
 # Chunks a row recorded as one block is cut into (its repetitions are in timed order).
 LEGACY_CHUNKS = 8
@@ -247,7 +259,7 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> float:
 
 RUN_COLUMNS = ("status", "median_ms", "p10_ms", "p90_ms", "cv", "reps", "stable")
 # What the verdict reads but the table does not show.
-PAIRING_COLUMNS = ("times_ms", "reference_times_ms", "reference_method")
+PAIRING_COLUMNS = ("times_ms", "reference_times_ms", "reference_method", "regime")
 # Where a cell was paired with a reference: the change of its time relative to it, and the reference's own change.
 PAIRED_CHANGES = {"relative_change_pct": "relative", "reference_change_pct": "reference"}
 
@@ -288,6 +300,26 @@ def _paired_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: floa
                    relative.ratio, reference)
 
 
+def latency_min_effect(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float) -> float | None:
+    """The minimum effect of a latency-bound case (either run says so; see the module doc), None for others."""
+    if LATENCY not in (a.get("regime"), b.get("regime")):
+        return None
+    spreads = [(number(r.get("p90_ms")) - number(r.get("p10_ms"))) / (2 * number(r.get("median_ms"))) for r in (a, b)]
+    return max([min_effect, LATENCY_MIN_EFFECT, *(x for x in spreads if x == x and x > 0)])
+
+
+def _latency_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float) -> Verdict:
+    """The verdict, with a latency-bound case's significant change below its own minimum effect ambiguous."""
+    verdict = _paired_verdict(a, b, min_effect)
+    own = latency_min_effect(a, b, min_effect)
+    if own is None or verdict.verdict not in (SLOWER, FASTER) or abs(verdict.ratio - 1) >= own:
+        return verdict
+    note = (f"latency-bound: {100 * (verdict.ratio - 1):+.1f}% is significant but below this case's minimum effect "
+            f"({100 * own:.0f}%), within what two devices of one kind differ by")
+    return Verdict(AMBIGUOUS, verdict.ratio, verdict.ci_low, verdict.ci_high,
+                   "; ".join(n for n in (verdict.note, note) if n), verdict.relative, verdict.reference)
+
+
 def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
     if row["_merge"] == "left_only":
         return Verdict(ONLY_A, math.nan, math.nan, math.nan)
@@ -298,8 +330,8 @@ def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
         return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
     if status_a is not None and status_a != "ok":
         return Verdict(WITHIN, math.nan, math.nan, math.nan, f"{status_a} in both runs")
-    return _paired_verdict({k[:-2]: v for k, v in row.items() if k.endswith("_a")},
-                           {k[:-2]: v for k, v in row.items() if k.endswith("_b")}, min_effect)
+    return _latency_verdict({k[:-2]: v for k, v in row.items() if k.endswith("_a")},
+                            {k[:-2]: v for k, v in row.items() if k.endswith("_b")}, min_effect)
 
 
 def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = None,

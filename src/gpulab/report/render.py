@@ -85,12 +85,13 @@ class ReportContext:
 
     @property
     def baseline_target(self) -> str | None:
-        """The target other targets are compared against: ``report.baseline_target`` or the first one."""
-        wanted = self.config.get("report", {}).get("baseline_target")
+        """The target other targets are compared against: ``report.baseline_target``, else this invocation's own
+        (``target``), else the first configured one, never merely the first by name when one of those has results:
+        a target copied in from elsewhere must not become the baseline by sorting first."""
         targets = self.results.targets
-        if wanted in targets:
-            return wanted
-        return targets[0] if targets else None
+        wanted = [self.config.get("report", {}).get("baseline_target"), self.config.get("target"),
+                  *sorted(self.config.get("targets") or {})]
+        return next((t for t in wanted if t in targets), targets[0] if targets else None)
 
 
 def discover_sections() -> list[ModuleType]:

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.ceilings import STATE_COLUMNS
+from gpulab.history import HISTORY
 from gpulab.tables import IDENTIFYING_COLUMNS
 from gpulab.timing import TIMING_COLUMNS
 
@@ -51,10 +52,7 @@ class ResultsIndex:
     @property
     def targets(self) -> list[str]:
         """Directories holding a target's results: an environment capture or some step's table."""
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and ((p / "env" / "env.json").is_file() or next(p.glob("*/*.csv"), None) is not None))
+        return [p.name for p in target_dirs(self.root)]
 
     def path(self, target: str, relpath: str) -> Path:
         return self.root / target / relpath
@@ -185,6 +183,26 @@ class ResultsIndex:
         finer = [r for r in records if outputs[r["job"]] & inputs and any(_refines(r, w, rows) for w in writers)]
         logs = self.path(target, "logs")
         return [p for p in (logs / f"{r['job']}.log" for r in finer or writers) if p.is_file()]
+
+
+def target_dirs(root: Path) -> list[Path]:
+    """The directories of ``root`` holding a target's results: an environment capture or some step's table."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and ((p / "env" / "env.json").is_file() or next(p.glob("*/*.csv"), None) is not None))
+
+
+def foreign_files(root: str | Path, own: Sequence[str]) -> list[str]:
+    """Every file of the targets under ``root`` that this invocation does not produce (copied in from other
+    machines), their history aside: inputs of the report, so a target copied in or changed renders again."""
+    files = []
+    for target in target_dirs(Path(root)):
+        if target.name in own:
+            continue
+        files += [p.as_posix() for p in sorted(target.rglob("*")) if p.is_file()
+                  and p.relative_to(target).parts[0] != HISTORY and not p.name.startswith(".")]
+    return files
 
 
 _WILDCARD = re.compile(r"\{(\w+)(?:,[^}]*)?\}")

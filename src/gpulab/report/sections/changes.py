@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.report.compare import (
+    AMBIGUOUS,
     FASTER,
     FLAGGED,
     MIN_EFFECT,
@@ -34,7 +35,7 @@ TITLE = "Changes against the baseline run"
 TEMPLATE = "changes.html.j2"
 
 VERDICT_COLORS = {FASTER: "#009e73", SLOWER: "#d55e00", WITHIN: "#8c8c8c", STATUS_CHANGED: "#cc79a7",
-                  NO_VERDICT: "#e69f00"}
+                  NO_VERDICT: "#e69f00", AMBIGUOUS: "#56b4e9"}
 
 
 def _artifact(name: str, old: dict[str, pd.DataFrame], new: dict[str, pd.DataFrame],
@@ -67,7 +68,8 @@ def _target(ctx: Any, target: str, min_effect: float, points: list[dict[str, Any
         if artifact["only"]:
             continue
         deltas = artifact["all"]
-        measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin((FASTER, SLOWER, WITHIN, NO_VERDICT))]
+        judged = (FASTER, SLOWER, AMBIGUOUS, WITHIN, NO_VERDICT)
+        measured = deltas[deltas["change_pct"].notna() & deltas["verdict"].isin(judged)]
         points += [{"cell": f"{target} · {artifact['name'].rsplit('.', 1)[0]}", "verdict": row["verdict"],
                     "time ratio (new / baseline)": 1 + row["change_pct"] / 100} for _, row in measured.iterrows()]
     return {"name": target, "env_diff": env_differences(ctx.baseline.env(target), ctx.results.env(target)),

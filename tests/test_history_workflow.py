@@ -1,0 +1,96 @@
+"""Nothing measured is lost, as a user sees it in a real (small) workflow run: a target copied in from elsewhere
+renders with a plain run, a failed re-measurement keeps the last good table (stale, measured again next run), and
+a forced measurement killed midway is measured again after --unlock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_workflow_reruns import REPO, copy_checkout, planned_jobs, snakemake
+
+from gpulab import history
+
+pytestmark = pytest.mark.slow
+
+CELL = "results/local/bench/cells/gelu__native.csv"
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory) -> Path:
+    work = copy_checkout(tmp_path_factory.mktemp("checkout"))
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return work
+
+
+def _copy(done: Path, dest: Path) -> Path:
+    shutil.copytree(done, dest, symlinks=True)
+    return dest
+
+
+def test_every_step_of_the_run_is_kept(done):
+    runs = history.runs(done / "results/local")
+    assert len(runs) == 1
+    kept = set(runs[0].files())
+    assert {"bench/gelu.csv", "bench/cells/gelu__native.csv", "logs/bench_cell_gelu__native.log",
+            "benchmarks/bench_cell_gelu__native.jsonl", "env/env.json"} <= kept
+
+
+def test_a_target_copied_in_renders_with_a_plain_run(done, tmp_path):
+    work = _copy(done, tmp_path / "foreign")
+    shutil.copytree(work / "results/local", work / "results/evil", symlinks=True)  # cp -a: times kept
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planned_jobs(proc) == {"report_render": 1, "all": 1}
+    html = (work / "reports/report.html").read_text()
+    assert "evil" in html and "baseline target <code>local</code>" in html
+
+
+def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):
+    work = _copy(done, tmp_path / "strict")
+    triton = work / "results/local/bench/cells/gelu__triton.csv"
+    good = triton.read_bytes()
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml", "--config", "strict=true")
+    assert proc.returncode != 0
+    assert (f"gpulab: results/local/bench/cells/gelu__triton.csv: kept the last good table (run "
+            f"{history.runs(done / 'results/local')[0].id}), marked stale") in proc.stderr
+    assert triton.read_bytes() == good and triton.stat().st_mtime == history.STALE_MTIME
+    # The report Snakemake could not render (its inputs failed) is rendered again, marking the table stale.
+    assert "gpulab: reports/report.html rendered again: it marks the tables put back as stale" in proc.stderr
+    html = (work / "reports/report.html").read_text()
+    assert "are stale, older than their inputs" in html and "bench/cells/gelu__triton.csv" in html
+    again = snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml")
+    assert "stale, the last good table of run" in again.stderr
+    assert planned_jobs(again).get("bench_cell", 0) >= 1
+    listing = subprocess.run([sys.executable, "-m", "gpulab.cli", "history"], cwd=work, capture_output=True,
+                             text=True, env={**os.environ, "PYTHONPATH": str(work / "src")}, timeout=120)
+    assert "local: 2 run(s) kept" in listing.stdout and "stale:" in listing.stdout, listing.stdout
+
+
+def test_a_killed_forced_measurement_is_measured_again_after_unlock(done, tmp_path):
+    work = _copy(done, tmp_path / "killed")
+    good = (work / CELL).read_bytes()
+    env = {**os.environ, "GPULAB_CACHE_DIR": os.environ.get("GPULAB_CACHE_DIR", str(REPO / ".cache"))}
+    run = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config.yaml",
+                            "small.yaml", "--forcerun", CELL], cwd=work, env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    # Killed once Snakemake removed the table and marked it as being written (.snakemake/incomplete/).
+    while ((work / CELL).exists() or CELL not in history.incomplete_outputs(work / ".snakemake")) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert not (work / CELL).exists()
+    unlock = snakemake(work, "--unlock", "--configfile", "config.yaml", "small.yaml")
+    assert f"gpulab: {CELL}: its measurement was interrupted; the last good table" in unlock.stderr
+    assert (work / CELL).read_bytes() == good
+    planned = planned_jobs(snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml"))
+    assert planned.get("bench_cell") == 1 and planned.get("bench_aggregate") == 1
