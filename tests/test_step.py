@@ -19,7 +19,7 @@ def test_every_step_compiles_into_the_workflow_cache(monkeypatch, tmp_path):
     job = SimpleNamespace(log=[str(tmp_path / "x.log")], config={}, input={}, output=[], params={},
                           wildcards=SimpleNamespace())
     names = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
-    # The step runs in a child process (gpulab.step.run_watched): what it saw comes back through a file.
+    # The step runs in a child process (gpulab.step.run_watched): what it saw reaches the test through a file.
     step_module.run(job, lambda step: (tmp_path / "seen.json").write_text(json.dumps({k: os.environ.get(k)
                                                                                       for k in names})))
     assert json.loads((tmp_path / "seen.json").read_text()) == {"TRITON_CACHE_DIR": str(tmp_path / "cache/triton"),
