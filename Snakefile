@@ -72,7 +72,13 @@ onerror:
     summary = failure_summary(RESULTS, LOG_OFFSETS, log)
     if summary:
         print(summary, file=sys.stderr)
-    refreshed = history.mark_report_stale(RESULTS, config) if restored else None
+    if restored:
+        # Imported here: the report's libraries stay out of every parse of the Snakefile.
+        from gpulab.report.render import refresh_after_failure
+
+        refreshed = refresh_after_failure(RESULTS, config)
+    else:
+        refreshed = None
     if refreshed:
         print(f"gpulab: {refreshed}", file=sys.stderr)
 

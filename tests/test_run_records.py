@@ -212,7 +212,7 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
     assert holds_device({"resources": {"gpu": 1}}) and not holds_device({"resources": {"_cores": 1}})
     assert not holds_device({})
     html = two_target_report().path.read_text(encoding="utf-8")
-    found = re.search(r"Critical path of <strong>cpu</strong>: ([\d.]+) s.*?The jobs that hold the device add up to "
+    found = re.search(r"Critical path of <strong>cpu</strong>: ([\d.]+) s.*?The jobs that measure on the device add up to "
                       r"([\d.]+) s without their waits(:\s*on one device they, not the critical path)?", html, re.S)
     assert found, "the cpu target's critical path and device time"
     assert float(found.group(2)) == pytest.approx(device, abs=0.1)

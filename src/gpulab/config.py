@@ -11,8 +11,6 @@ only turns jsonschema's findings into messages that name the offending key and w
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 import yaml
 
 from gpulab.paths import CONFIG_SCHEMA
-from gpulab.schema import schema_file
+from gpulab.schema import config_hash, schema_file  # noqa: F401 - config_hash: part of this module's API
 
 
 class ConfigError(ValueError):
@@ -223,12 +221,6 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the configuration must be a mapping of keys to values")
     return validate_config(raw)
-
-
-def config_hash(config: Mapping[str, Any]) -> str:
-    """Stable short hash of the effective configuration, recorded in the environment fingerprint."""
-    blob = json.dumps(config, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def run_targets(config: Mapping[str, Any]) -> list[str]:

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpulab.config import config_hash
+from gpulab.schema import config_hash
 
 HISTORY = "history"
 RESTORED = "restored"
@@ -360,24 +360,6 @@ def stale_notice(results_dir: str | Path, targets: Iterable[str]) -> list[str]:
     return [f"{Path(results_dir) / target / rel}: stale, the last good table of run {note['run']} ({note['why']}); "
             "this run measures it again"
             for target in targets for rel, note in restored(Path(results_dir) / target).items()]
-
-
-def mark_report_stale(results_dir: str | Path, config: Mapping[str, Any]) -> str | None:
-    """After a failed run that put tables back: render the existing report again from the results as they now
-    are, so it marks those tables stale instead of showing them as current (Snakemake did not run the report,
-    whose inputs failed). Returns a line for the user, None when there is no report to refresh."""
-    output = Path(config["report"]["output"])
-    if not output.is_file():
-        return None
-    from gpulab.report.render import render_report
-
-    try:
-        render_report(results_dir, output, dict(config), "snakemake (report refreshed after a failed run)",
-                      strict=False)
-    except Exception as exc:  # the summary of the failure matters more than this refresh
-        return (f"{output} could not be rendered again ({type(exc).__name__}: {exc}); it may show stale tables as "
-                "current")
-    return f"{output} rendered again: it marks the tables put back as stale"
 
 
 def record_benchmarks(results_dir: str | Path, run_id: str, since: float) -> None:

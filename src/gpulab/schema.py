@@ -8,6 +8,9 @@ every registry it does not run.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,3 +24,9 @@ def schema_file(path: Path = CONFIG_SCHEMA) -> dict[str, Any]:
     """The schema as written; shared, so never modified."""
     with open(path, encoding="utf-8") as fh:
         return yaml.safe_load(fh)
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """Stable short hash of the effective configuration, recorded in the environment fingerprint."""
+    blob = json.dumps(config, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

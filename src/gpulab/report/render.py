@@ -19,6 +19,7 @@ import math
 import os
 import pkgutil
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -242,3 +243,19 @@ def render_report(
     if size > SIZE_BUDGET_BYTES:
         log.warning("report is %.1f MB, over its %.0f MB budget", size / 2**20, SIZE_BUDGET_BYTES / 2**20)
     return RenderedReport(output, size, [{"id": s["id"], "title": s["title"]} for s in rendered], errors)
+
+
+def refresh_after_failure(results_dir: str | Path, config: Mapping[str, Any]) -> str | None:
+    """After a failed run that put tables back: render the existing report again from the results as they now
+    are, so it marks those tables stale instead of showing them as current (Snakemake did not run the report,
+    whose inputs failed). Returns a line for the user, None when there is no report to refresh."""
+    output = Path(config["report"]["output"])
+    if not output.is_file():
+        return None
+    try:
+        render_report(results_dir, output, dict(config), "snakemake (report refreshed after a failed run)",
+                      strict=False)
+    except Exception as exc:  # the summary of the failure matters more than this refresh
+        return (f"{output} could not be rendered again ({type(exc).__name__}: {exc}); it may show stale tables as "
+                "current")
+    return f"{output} rendered again: it marks the tables put back as stale"
