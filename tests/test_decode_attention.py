@@ -52,6 +52,40 @@ def compare(heads, kv, d, max_len, pos, dtype, device):
 """
 
 
+PROMPT = """
+import torch
+from gpulab.kernels.triton.decode_attention import rope_into_cache
+
+def rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+heads, kv, d, max_len, tokens = 4, 2, 32, 16, 5
+for dtype in (torch.float32, torch.float16):
+    qkv = (torch.randn(1, tokens, (heads + 2 * kv) * d) * 3).to(dtype)
+    angle = torch.rand(tokens, d // 2) * 6.3
+    cos, sin = angle.cos().repeat(1, 2).to(dtype), angle.sin().repeat(1, 2).to(dtype)
+    k, v = torch.full((1, kv, max_len, d), float("nan"), dtype=dtype), torch.full((1, kv, max_len, d), float("nan"),
+                                                                                   dtype=dtype)
+    q = rope_into_cache(qkv, cos, sin, k, v, torch.arange(tokens), heads)
+    q_raw, k_raw, v_raw = qkv.double().split([heads * d, kv * d, kv * d], dim=-1)
+    ulp = torch.finfo(dtype).eps
+    expect_q = rope(q_raw.view(1, tokens, heads, d).transpose(1, 2), cos.double(), sin.double())
+    expect_k = rope(k_raw.view(1, tokens, kv, d).transpose(1, 2), cos.double(), sin.double())
+    assert q.shape == (1, heads, tokens, d) and q.dtype == dtype
+    torch.testing.assert_close(q.double(), expect_q, rtol=ulp, atol=16 * ulp)
+    torch.testing.assert_close(k[:, :, :tokens].double(), expect_k, rtol=ulp, atol=16 * ulp)
+    assert torch.equal(v[:, :, :tokens], v_raw.view(1, tokens, kv, d).transpose(1, 2).to(dtype))
+    assert not k[:, :, tokens:].isfinite().any() and not v[:, :, tokens:].isfinite().any()
+"""
+
+
+def test_a_prompts_rope_and_cache_write_in_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run([sys.executable, "-c", PROMPT], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_split_kv_in_the_interpreter():
     code = COMPARE + f"""

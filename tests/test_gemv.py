@@ -1,7 +1,7 @@
 """Triton's fused matrix-vector products (kernels/triton/gemv.py), every tile config, in Triton's interpreter
 on a CPU against float64 products: plain, with bias and residual, and the gated (SwiGLU) form with and
-without the RMS norm; row and column counts that are not multiples of the tiles. On a GPU the fast engine's
-teacher-forcing check covers them."""
+without the RMS norm; row and column counts that are not multiples of the tiles; the prefill's silu·up. On a
+GPU the fast engine's teacher-forcing check covers them."""
 
 import os
 import subprocess
@@ -11,9 +11,17 @@ import pytest
 
 CODE = """
 import torch, torch.nn.functional as F
-from gpulab.kernels.triton.gemv import CONFIGS, gemv
+from gpulab.kernels.triton.gemv import CONFIGS, gemv, silu_mul
 
 torch.manual_seed(0)
+for dtype, bound in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+    for shape in ((1, 5, 2 * 3000), (3, 2 * 10)):
+        x = torch.randn(*shape).to(dtype)
+        gate, up = x.double().chunk(2, dim=-1)
+        ref = F.silu(gate) * up
+        y = silu_mul(x)
+        assert y.dtype == dtype and y.shape == ref.shape
+        assert ((y.double() - ref).norm() / ref.norm()).item() < bound, ("silu_mul", dtype, shape)
 for dtype, bound in ((torch.float32, 1e-6), (torch.float16, 1e-3), (torch.bfloat16, 1e-2)):
     for config in CONFIGS:
         for n, k in ((100, 300), (37, 1000)):

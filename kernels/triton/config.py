@@ -62,6 +62,13 @@ def current_target() -> Target:
                   units=info.multiprocessor_count)
 
 
+def launch_pdl() -> bool:
+    """Whether the decode kernels launch as programmatic dependents (Hopper and newer NVIDIA GPUs): each may start
+    while the kernel before it drains, and waits in ``gdc_wait`` before reading what that kernel wrote."""
+    target = current_target()
+    return target.backend == "cuda" and target.arch.startswith("sm_") and int(target.arch[3:].rstrip("a")) >= 90
+
+
 # (BLOCK_SIZE, num_warps): 4 to 32 elements per thread; (512, 4) and (1024, 4) are PyTorch's and
 # Inductor's choices for large pointwise ops. Measured on an H100 (32-thread warps). Each family keeps
 # the same threads per block and elements per thread: RDNA's wave32 takes the list as it is, CDNA's

@@ -10,7 +10,8 @@ float32 (online softmax: a running max and sum), and writes its partial output w
 ``decode_attention_combine_kernel`` rescales and adds the chunks of each head.
 
 Before them, ``decode_rope_kernel`` takes the new token's raw q/k/v product: it rotates q (RoPE) and stores the
-rotated k and v into the caches, one program per head. That is one kernel where a compiled PyTorch step had
+rotated k and v into the caches, one program per head (and per token: a prompt's prefill takes its rotated q
+and cache write from it too, :func:`rope_into_cache`). That is one kernel where a compiled PyTorch step had
 three (3.4 us a layer on the H100 for a 7B model, launch gaps not counted). Folding RoPE into the split kernel
 instead was tried: Triton then computed the rotated q in the products' operand layout, 252 registers a thread
 on sm_90 (55 without) and spills on RDNA.
@@ -23,12 +24,24 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .config import launch_pdl
 
 if TYPE_CHECKING:
     import torch
 
 BLOCK_N = 32  # cache positions per product: tl.dot needs 16 or more
 MAX_SPLITS = 64  # chunks per KV head: the combine kernel holds one partial row of each
+
+
+@triton.jit
+def _after_previous(PDL: tl.constexpr):
+    """Launched as a programmatic dependent (PDL): let the next kernel launch, then wait until the previous
+    kernel's writes are visible. Everything these kernels read comes from earlier kernels of the step."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
 
 
 @triton.jit
@@ -43,20 +56,27 @@ def _rope(x_ptr, cos_ptr, sin_ptr, half, mask, HALF: tl.constexpr, DTYPE: tl.con
 
 
 @triton.jit
-def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len,
-                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One program per q head and per KV head: the q head rotated into ``q_ptr``; the KV head's k rotated,
-    and its v, stored into the caches at ``pos``."""
+def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len, tokens,
+                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr):
+    """One program per q head and per KV head (axis 0) of each token (axis 1): the q head rotated into ``q_ptr``
+    laid out (heads, tokens, head_dim); the KV head's k rotated, and its v, stored into the caches at the
+    token's position."""
+    _after_previous(PDL)
     head = tl.program_id(axis=0)
+    token = tl.program_id(axis=1).to(tl.int64)
+    qkv_ptr += token * (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    cos_ptr += token * HEAD_DIM
+    sin_ptr += token * HEAD_DIM
     half = tl.arange(0, HEAD_DIM // 2)
     lo, hi = _rope(qkv_ptr + head * HEAD_DIM + half, cos_ptr, sin_ptr, half, half >= 0, HEAD_DIM // 2,
                    k_ptr.dtype.element_ty)
     if head < HEADS:
-        tl.store(q_ptr + head * HEAD_DIM + half, lo)
-        tl.store(q_ptr + head * HEAD_DIM + HEAD_DIM // 2 + half, hi)
+        row = (head * tokens + token) * HEAD_DIM
+        tl.store(q_ptr + row + half, lo)
+        tl.store(q_ptr + row + HEAD_DIM // 2 + half, hi)
     else:
         kv = head - HEADS
-        row = (kv.to(tl.int64) * max_len + tl.load(pos_ptr)) * HEAD_DIM
+        row = (kv.to(tl.int64) * max_len + tl.load(pos_ptr + token)) * HEAD_DIM
         tl.store(k_ptr + row + half, lo)
         tl.store(k_ptr + row + HEAD_DIM // 2 + half, hi)
         dims = tl.arange(0, HEAD_DIM)
@@ -67,8 +87,9 @@ def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, 
 def decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, max_ptr, sum_ptr, max_len,
     SCALE_LOG2: tl.constexpr, GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    CHUNK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    _after_previous(PDL)
     kv = tl.program_id(axis=0)
     split = tl.program_id(axis=1)
     end = tl.minimum(split * CHUNK + CHUNK, tl.load(pos_ptr) + 1)
@@ -108,8 +129,9 @@ def decode_attention_kernel(
 def decode_attention_combine_kernel(
     part_ptr, max_ptr, sum_ptr, pos_ptr, o_ptr,
     GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
+    _after_previous(PDL)
     head = tl.program_id(axis=0)
     kv = head // GROUPS
     group = head % GROUPS
@@ -137,17 +159,46 @@ def decode_split(max_len: int) -> tuple[int, int]:
     return chunk, triton.cdiv(max_len, chunk)
 
 
-def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int) -> tuple[dict, dict, dict]:
+def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int, pdl: bool = False
+                      ) -> tuple[dict, dict, dict]:
     """The constexprs of the RoPE, split and combine kernels for these shapes (the launcher's and the
-    ahead-of-time compile's: gpulab.kernels.triton.launches). The scale is a constexpr because torch.compile
-    passes a Python float argument as float64, which the loop would carry."""
+    ahead-of-time compile's: gpulab.kernels.triton.launches); ``pdl``: launched as programmatic dependents. The
+    scale is a constexpr because torch.compile passes a Python float argument as float64, which the loop would
+    carry."""
     groups = heads // kv_heads
     chunk, splits = decode_split(max_len)
-    shared = {"GROUPS": groups, "HEAD_DIM": head_dim, "CHUNK": chunk, "SPLITS": splits}
+    shared = {"GROUPS": groups, "HEAD_DIM": head_dim, "CHUNK": chunk, "SPLITS": splits, "PDL": pdl}
     attend = {**shared, "SCALE_LOG2": math.log2(math.e) / math.sqrt(head_dim),
               "GROUPS_PAD": max(16, triton.next_power_of_2(groups)), "BLOCK_N": BLOCK_N}
-    rope = {"HEADS": heads, "KV_HEADS": kv_heads, "HEAD_DIM": head_dim}
+    rope = {"HEADS": heads, "KV_HEADS": kv_heads, "HEAD_DIM": head_dim, "PDL": pdl}
     return rope, attend, {**shared, "SPLITS_PAD": triton.next_power_of_2(splits)}
+
+
+def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                    cache_v: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
+    """RoPE and the cache write of T tokens: ``qkv`` (1, T, (heads + 2 kv_heads) d) holds their q, k and v before
+    RoPE, ``cos``/``sin`` (T, d) their positions' rotary rows, ``pos`` (T,) their positions (a device tensor).
+    The caches (1, kv_heads, max_len, d) get the rotated k and the v at those positions; returns the rotated q as
+    (1, heads, T, d) in qkv's dtype."""
+    import torch
+
+    _, kv_heads, max_len, head_dim = cache_k.shape
+    tokens = qkv.shape[1] if qkv.dim() == 3 else 0
+    width = (heads + 2 * kv_heads) * head_dim
+    if qkv.shape != (1, tokens, width) or heads % kv_heads or cos.shape != (tokens, head_dim) or \
+            sin.shape != cos.shape or pos.numel() != tokens or not all(
+            t.is_contiguous() for t in (qkv, cos, sin, cache_k, cache_v, pos)):
+        raise ValueError(f"rope_into_cache takes contiguous q/k/v rows of {width} values, one cos/sin row and one "
+                         f"position a token, over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
+                         f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
+    if not takes_head_dim(head_dim):
+        raise ValueError(f"rope_into_cache needs a power-of-two head size of 16 or more, got {head_dim}")
+    pdl = launch_pdl()
+    rope, _, _ = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
+    q = torch.empty(1, heads, tokens, head_dim, dtype=qkv.dtype, device=qkv.device)
+    decode_rope_kernel[(heads + kv_heads, tokens)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens, **rope,
+                                                   num_warps=1, **({"launch_pdl": True} if pdl else {}))
+    return q
 
 
 def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
@@ -158,23 +209,19 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
     softmax(q K^T / sqrt(d)) V over positions 0..pos as (1, 1, heads d) in qkv's dtype."""
     import torch
 
+    if qkv.dim() != 3 or qkv.shape[1] != 1 or not qkv.is_contiguous():
+        raise ValueError(f"decode_attention takes one token's contiguous q/k/v row, got qkv {tuple(qkv.shape)}")
+    q = rope_into_cache(qkv, cos, sin, cache_k, cache_v, pos, heads)
     _, kv_heads, max_len, head_dim = cache_k.shape
-    width = (heads + 2 * kv_heads) * head_dim
-    if qkv.shape != (1, 1, width) or heads % kv_heads or not all(
-            t.is_contiguous() for t in (qkv, cos, sin, cache_k, cache_v)):
-        raise ValueError(f"decode_attention takes one token's contiguous q/k/v row of {width} values over "
-                         f"contiguous caches, got qkv {tuple(qkv.shape)}, cache {tuple(cache_k.shape)}")
-    if not takes_head_dim(head_dim):
-        raise ValueError(f"decode_attention needs a power-of-two head size of 16 or more, got {head_dim}")
-    rope, attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len)
+    pdl = launch_pdl()
+    _, attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
+    launch = {"launch_pdl": True} if pdl else {}
     rows = kv_heads * attend["SPLITS"] * attend["GROUPS"]
-    q = torch.empty(heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     part = torch.empty(rows, head_dim, dtype=torch.float32, device=qkv.device)
     maxes = torch.empty(rows, dtype=torch.float32, device=qkv.device)
     sums = torch.empty_like(maxes)
     out = torch.empty(1, 1, heads * head_dim, dtype=qkv.dtype, device=qkv.device)
-    decode_rope_kernel[(heads + kv_heads,)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, **rope, num_warps=1)
     decode_attention_kernel[(kv_heads, attend["SPLITS"])](q, cache_k, cache_v, pos, part, maxes, sums, max_len,
-                                                         **attend, num_warps=4)
-    decode_attention_combine_kernel[(heads,)](part, maxes, sums, pos, out, **combine, num_warps=4)
+                                                         **attend, num_warps=4, **launch)
+    decode_attention_combine_kernel[(heads,)](part, maxes, sums, pos, out, **combine, num_warps=4, **launch)
     return out

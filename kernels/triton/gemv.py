@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .config import quick_bench
+from .config import launch_pdl, quick_bench
 
 if TYPE_CHECKING:
     import torch
@@ -36,12 +37,36 @@ CONFIGS = [
 ]
 
 
+@triton.jit
+def _weight_tile(w_ptr, gate_rows, up_rows, cols, row_ok, K, GATED: tl.constexpr):
+    """One BLOCK_N x BLOCK_K tile of the gate rows (and of the up rows with GATED), read once: evict first."""
+    mask = row_ok[:, None] & (cols < K)[None, :]
+    w = tl.load(w_ptr + gate_rows[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    up = w
+    if GATED:
+        up = tl.load(w_ptr + up_rows[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+    return w, up
+
+
+@triton.jit
+def _accumulate(acc, acc_up, squares, w, up, x_ptr, norm_ptr, cols, K, GATED: tl.constexpr, NORM: tl.constexpr):
+    col_ok = cols < K
+    x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if NORM:
+        squares += x * x
+        x = x * tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    acc += w.to(tl.float32) * x[None, :]
+    if GATED:
+        acc_up += up.to(tl.float32) * x[None, :]
+    return acc, acc_up, squares
+
+
 @triton.autotune(configs=CONFIGS, key=["N", "K", "GATED"], do_bench=quick_bench)
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, norm_ptr, y_ptr, N, K,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr, EPS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     rows = tl.program_id(axis=0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -50,28 +75,25 @@ def gemv_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc_up = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     squares = tl.zeros((BLOCK_K,), tl.float32)
-    for start in range(0, K, BLOCK_K):
+    cols = tl.arange(0, BLOCK_K)
+    # The weights are no earlier kernel's output: with PDL the first tile is read while that kernel drains.
+    w, up = _weight_tile(w_ptr, gate_rows, up_rows, cols, row_ok, K, GATED)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    acc, acc_up, squares = _accumulate(acc, acc_up, squares, w, up, x_ptr, norm_ptr, cols, K, GATED, NORM)
+    for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if NORM:
-            squares += x * x
-            x = x * tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        x = x[None, :]
-        w = tl.load(w_ptr + gate_rows[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-        acc += w.to(tl.float32) * x
-        if GATED:
-            up = tl.load(w_ptr + up_rows[:, None] + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-            acc_up += up.to(tl.float32) * x
+        w, up = _weight_tile(w_ptr, gate_rows, up_rows, cols, row_ok, K, GATED)
+        acc, acc_up, squares = _accumulate(acc, acc_up, squares, w, up, x_ptr, norm_ptr, cols, K, GATED, NORM)
     y = tl.sum(acc, axis=1)
-    up = tl.sum(acc_up, axis=1)
+    up_sum = tl.sum(acc_up, axis=1)
     if NORM:  # RMS norm of x, a scalar factor of the whole product: every program sums x's squares itself
         scale = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + EPS)
         y *= scale
-        up *= scale
+        up_sum *= scale
     if GATED:
-        y = y * tl.sigmoid(y) * up
+        y = y * tl.sigmoid(y) * up_sum
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
@@ -79,11 +101,12 @@ def gemv_kernel(
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
-def flags(bias: bool = False, residual: bool = False, gated: bool = False, eps: float | None = None) -> dict:
-    """The fused form's constexprs (``eps``: the RMS norm's, None for no norm). EPS is a constexpr because
-    torch.compile passes a Python float argument as float64."""
+def flags(bias: bool = False, residual: bool = False, gated: bool = False, eps: float | None = None,
+          pdl: bool = False) -> dict:
+    """The fused form's constexprs (``eps``: the RMS norm's, None for no norm; ``pdl``: launched as a
+    programmatic dependent). EPS is a constexpr because torch.compile passes a Python float argument as float64."""
     return {"HAS_BIAS": bias, "HAS_RESIDUAL": residual, "GATED": gated, "NORM": eps is not None,
-            "EPS": float(eps or 0.0)}
+            "EPS": float(eps or 0.0), "PDL": pdl}
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -110,10 +133,42 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if norm is not None and norm_weight.numel() != k:
         raise ValueError(f"gemv: norm weight of {norm_weight.numel()} values for {k} inputs")
     args = (x, weight, bias if bias is not None else y, residual if residual is not None else y, norm_weight, y, n, k)
-    form = flags(bias is not None, residual is not None, gated, eps)
+    pdl = launch_pdl()
+    form = flags(bias is not None, residual is not None, gated, eps, pdl)
+    launch = {"launch_pdl": True} if pdl else {}
     if config is None:
-        gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **form)
+        gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **form, **launch)
     else:
         gemv_kernel.fn[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args, **form, **config.kwargs,
-                                                                     num_warps=config.num_warps)
+                                                                     num_warps=config.num_warps, **launch)
+    return y
+
+
+@triton.jit
+def silu_mul_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """One block of one row: silu(gate) * up in float32, rounded once."""
+    row = tl.program_id(axis=0).to(tl.int64)
+    cols = tl.program_id(axis=1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n
+    gate = tl.load(x_ptr + row * 2 * n + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * 2 * n + n + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * n + cols, (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+SILU_MUL_BLOCK, SILU_MUL_WARPS = 2048, 4  # 16 values a thread: two 16-byte loads of each half
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for a contiguous ``x`` = [gate | up] along its last dim (a prefill's gate/up
+    product): one pass over it, where a compiled layer's fused activation read it at half the bandwidth."""
+    import torch
+
+    if not x.is_contiguous() or x.shape[-1] % 2:
+        raise ValueError(f"silu_mul takes a contiguous [gate | up] tensor of even width, got {tuple(x.shape)}")
+    n = x.shape[-1] // 2
+    y = torch.empty(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
+    rows = x.numel() // (2 * n)
+    if rows:
+        silu_mul_kernel[(rows, triton.cdiv(n, SILU_MUL_BLOCK))](x, y, n, BLOCK=SILU_MUL_BLOCK,
+                                                                num_warps=SILU_MUL_WARPS)
     return y

@@ -48,8 +48,9 @@ def _llm_decode() -> list[Launch]:
     rows = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), "*bf16")
     split = f"CHUNK={attend['CHUNK']} SPLITS={attend['SPLITS']}"
     for kernel, signature, constexprs, variant, warps in (
-        (decode_rope_kernel, {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr"), "*bf16"), **rows, "pos_ptr": "*i64",
-                              "max_len": "i32"}, rope, f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS}", 1),
+        (decode_rope_kernel, {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr"), "*bf16"), **rows,
+                              "pos_ptr": "*i64", "max_len": "i32", "tokens": "i32"}, rope,
+         f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS}", 1),
         (decode_attention_kernel, {**rows, "pos_ptr": "*i64", **partials, "max_len": "i32"}, attend, split, 4),
         (decode_attention_combine_kernel, {**partials, "pos_ptr": "*i64", "o_ptr": "*bf16"}, combine, split, 4),
     ):

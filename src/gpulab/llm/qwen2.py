@@ -154,7 +154,14 @@ def merge_heads(out: torch.Tensor) -> torch.Tensor:
 def prefill_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, pos: torch.Tensor, dims: Dims) -> torch.Tensor:
     """A prompt that starts at position 0: its K/V copied into the cache (a plain copy, not a scatter:
-    index_put was a third of it on CPU), then causal flash attention over its own K/V."""
+    index_put was a third of it on CPU), then causal flash attention over its own K/V. On a GPU the decode
+    step's RoPE kernel rotates q and k and writes the cache in one pass (the compiled layer's RoPE and layout
+    copies read the product at a tenth of the bandwidth), and attention reads K/V from the cache."""
+    if split_kv_available(qkv.device, dims.head_dim):
+        tokens = qkv.shape[1]
+        q = torch.ops.gpulab_llm.rope_into_cache(qkv, cos, sin, cache_k, cache_v, pos, dims.n_heads)
+        return merge_heads(F.scaled_dot_product_attention(q, cache_k[:, :, :tokens], cache_v[:, :, :tokens],
+                                                          is_causal=True, enable_gqa=True))
     q, k, v = rotated_heads(qkv, cos, sin, dims)
     cache_k[:, :, : k.shape[2]] = k
     cache_v[:, :, : v.shape[2]] = v
@@ -225,14 +232,41 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if residual is None else residual + y
 
 
+def _silu_mul(x: torch.Tensor) -> torch.Tensor:
+    from gpulab.kernels.triton.gemv import silu_mul
+
+    return silu_mul(x)
+
+
+define_op("silu_mul", "(Tensor x) -> Tensor", _silu_mul, lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)))
+
+
 def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
     """``x + down(silu(gate(h)) * up(h))`` with ``h = rms_norm(x)``; for one token on a GPU the norm, the
-    gate and up products and the activation are one kernel, the down product and the residual another."""
+    gate and up products and the activation are one kernel, the down product and the residual another. A
+    prompt on a GPU takes the activation from Triton's :func:`~gpulab.kernels.triton.gemv.silu_mul`."""
     if _one_token_on_gpu(x):
         gated = torch.ops.gpulab_llm.gemv(x, w13, None, None, *norm, True)
         return torch.ops.gpulab_llm.gemv(gated, wd, None, x, None, 0.0, False)
-    gate, up = F.linear(rms_norm(x, *norm), w13).chunk(2, dim=-1)
+    product = F.linear(rms_norm(x, *norm), w13)
+    if triton_decode(x.device):
+        return x + F.linear(torch.ops.gpulab_llm.silu_mul(product), wd)
+    gate, up = product.chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, wd)
+
+
+def _rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                     cache_v: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
+    from gpulab.kernels.triton.decode_attention import rope_into_cache
+
+    return rope_into_cache(qkv.contiguous(), cos.contiguous(), sin.contiguous(), cache_k, cache_v, pos.contiguous(),
+                           heads)
+
+
+define_op("rope_into_cache", "(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) cache_k, Tensor(b!) cache_v, "
+          "Tensor pos, int heads) -> Tensor", _rope_into_cache,
+          lambda qkv, cos, sin, cache_k, cache_v, pos, heads: qkv.new_empty((1, heads, qkv.shape[1],
+                                                                             cache_k.shape[-1])))
 
 
 def _split_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
@@ -288,7 +322,11 @@ def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tenso
 
 
 def logits(weights: Weights, x: torch.Tensor) -> torch.Tensor:
-    """float32 logits (T, vocab) of the hidden states ``x`` (1, T, hidden)."""
+    """float32 logits (T, vocab) of the hidden states ``x`` (1, T, hidden); one position on a GPU is the fused
+    Triton product, the final norm included."""
+    if _one_token_on_gpu(x):
+        return torch.ops.gpulab_llm.gemv(x, weights.lm_head, None, None, weights.norm, weights.dims.eps,
+                                         False).float()[0]
     return F.linear(rms_norm(x, weights.norm, weights.dims.eps), weights.lm_head).float()[0]
 
 
