@@ -213,7 +213,8 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
     assert not holds_device({})
     html = two_target_report().path.read_text(encoding="utf-8")
     found = re.search(r"Critical path of <strong>cpu</strong>: ([\d.]+) s.*?The jobs that measure on the device add "
-                      r"up to ([\d.]+) s without their waits(:\s*on one device they, not the critical path)?", html, re.S)
+                      r"up to ([\d.]+) s without their waits(:\s*on one device they, not the critical path)?",
+                      html, re.S)
     assert found, "the cpu target's critical path and device time"
     assert float(found.group(2)) == pytest.approx(device, abs=0.1)
     assert (float(found.group(2)) > float(found.group(1))) == bool(found.group(3))
