@@ -12,10 +12,22 @@ import torch
 import triton
 import triton.language as tl
 
-# (block size, warps) tried for each pattern: PyTorch's (1024, 4) and the shapes of the elementwise
-# kernels' autotuning list (config.ELEMENTWISE_SHAPES) that won on an H100, so no benchmarked Triton
-# kernel has a launch shape the ceiling did not try at its best.
-SWEEP = ((1024, 4), (2048, 16), (4096, 8), (4096, 16), (8192, 16))
+from .config import Target, current_target, elementwise_shapes, softmax_config
+
+
+def sweep(target: Target | None = None) -> tuple[tuple[int, int], ...]:
+    """(block size, warps) tried for each pattern: every launch shape the benchmarked kernels take on the device's
+    family, so no kernel of the matrix has a launch shape the ceiling did not try at its best. The elementwise
+    kernels' autotuning list (which holds PyTorch's (1024, 4), the C++ extension's 128 threads x 8 elements too),
+    and the softmax kernels' programs as 1-D tiles: a short-row program (``program_elems`` at ``elems_per_thread``),
+    a widest fused row (``max_fused_cols`` over ``max_threads``) and a split chunk."""
+    target = target or current_target()
+    softmax = softmax_config(target)
+    tiles = ((softmax.program_elems, None), (softmax.max_fused_cols, None),
+             (softmax.split_elems, softmax.split_elems_per_thread))
+    from_softmax = tuple((elems, softmax.num_warps(elems, target.warp_size, per_thread)) for elems, per_thread in tiles)
+    return tuple(dict.fromkeys((*elementwise_shapes(target), *from_softmax)))
+
 
 
 @triton.jit

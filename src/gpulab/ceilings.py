@@ -7,20 +7,24 @@ the same ``resolve_sizes`` the benchmark cells use), so every row is placed agai
 its own size, plus the largest size, whose rate is the pattern's *plateau* (the bandwidth a large
 transfer reaches; a decode roofline uses the read plateau):
 
-- ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (block/warp sweep).
-- ``copy`` (one read, one write): the runtime's memcpy (``copy_``); ``torch.neg`` into a buffer;
-  a Triton copy (sweep).
+- ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (a sweep over every launch shape the
+  benchmarked Triton kernels take on the device's family: ``kernels/triton/ceiling.py``).
+- ``copy`` (one read, one write): the runtime's memcpy (``copy_``), also replayed from a device graph;
+  ``torch.neg`` into a buffer; a Triton copy (sweep).
 - ``add`` (two reads, one write): ``torch.add`` into a buffer; a Triton add (sweep).
 
 The project's C++ extension is judged against these, not one of them: as a method it would make the ceilings wait
-for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method is
-still its own ceiling (:func:`raise_to_fastest`).
+for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method
+still sets the ceiling of its pattern, dtype and size, once for every table (:func:`share_ceilings`).
 
 Where even the best method reaches less than half of the plateau (small tensors: a call takes a few
 microseconds and launch and first-access latency, not bandwidth, set the time) the size is
 *latency-bound*: a percentage of bandwidth means little there, so rows of that size are not given one.
 
-Matmul: ``torch.matmul`` over 4096³, 8192³ and the MLP's own GEMM shapes per dtype (smaller on CPU).
+Matmul: ``torch.matmul`` over 4096³, 8192³ and the MLP's own GEMM shapes per dtype (smaller on CPU; the MLP's
+shapes in the MLP's step), and there also one of the MLP's Linear layers forward and backward in each eager
+variant's precision (autocast, bf16 weights, TF32): the path its products take, so its variants are placed against a
+ceiling of their own kind.
 Every method's row is kept (``best`` marks the winner of each pattern, dtype and size), so a reader sees
 which method set each ceiling. Triton needs a GPU: on CPU its rows are ``skipped`` with the reason.
 """
@@ -87,7 +91,7 @@ CPU_MATMUL_PROBE_S = 0.2
 CPU_SIDE = 1024
 MIN_MATMUL_N = 128
 
-# The Triton sweep (kernels/triton/ceiling.py SWEEP) is screened before it is timed in full: only launch
+# The Triton sweep (kernels/triton/ceiling.py sweep()) is screened before it is timed in full: only launch
 # shapes within SCREEN_MARGIN of the fastest in a short screen (a tenth of a measurement, at least
 # SCREEN_REPS repetitions) can set the ceiling. At a bandwidth-bound size one configuration's p90/p10
 # spread is ~1% on a GPU, so one 10% behind cannot win; where the screen errs, the ceiling is too low and
@@ -134,8 +138,9 @@ def _triton_reason(info: DeviceInfo) -> str:
     return ""
 
 
-def pattern_methods(pattern: str, triton_reason: str) -> dict[str, Builder | str]:
-    """Every method of one memory pattern: a builder, or the reason it cannot run here."""
+def pattern_methods(pattern: str, triton_reason: str, graph_reason: str = "") -> dict[str, Builder | str]:
+    """Every method of one memory pattern: a builder, or the reason it cannot run here (``graph_reason``: why
+    device graphs cannot, '' where they can)."""
     import torch
 
     methods: dict[str, Builder | str] = {}
@@ -143,12 +148,32 @@ def pattern_methods(pattern: str, triton_reason: str) -> dict[str, Builder | str
         methods["torch.sum"] = lambda ins, out: (lambda: torch.sum(ins[0]))
     elif pattern == "copy":
         methods["memcpy"] = lambda ins, out: (lambda: out.copy_(ins[0]))
+        methods[GRAPH_COPY] = graph_reason or (lambda ins, out: replayed(lambda: out.copy_(ins[0])))
         methods["torch.neg"] = lambda ins, out: (lambda: torch.neg(ins[0], out=out))
     else:
         methods["torch.add"] = lambda ins, out: (lambda: torch.add(ins[0], ins[1], out=out))
     from_sweep = _triton_methods(pattern) if not triton_reason else {}
     methods.update(from_sweep or {"triton": triton_reason})
     return methods
+
+
+GRAPH_COPY = "memcpy (graph replay)"
+
+
+def replayed(call: Closure) -> Closure:
+    """``call`` captured once in a CUDA/HIP graph; the closure replays it (one graph launch, no per-op host work:
+    how the LLM engines launch their steps)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warmed outside the capture, as PyTorch's graph notes require
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
 
 
 def _triton_methods(pattern: str) -> dict[str, Builder]:
@@ -167,7 +192,7 @@ def _triton_methods(pattern: str) -> dict[str, Builder]:
             return lambda ins, out: (lambda: ceiling.copy(ins[0], out, block, warps))
         return lambda ins, out: (lambda: ceiling.add(ins[0], ins[1], out, block, warps))
 
-    return {f"triton b{block} w{warps}": build(block, warps) for block, warps in ceiling.SWEEP}
+    return {f"triton b{block} w{warps}": build(block, warps) for block, warps in ceiling.sweep()}
 
 
 def with_state(info: DeviceInfo, run: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -324,6 +349,41 @@ def measure_matmul(modes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSe
     return rows
 
 
+def measure_mlp_path(modes: Sequence[str], batch: int, dim: int, timing: TimingSettings,
+                     info: DeviceInfo) -> list[dict[str, Any]]:
+    """The matmul ceiling on the path the MLP's products take: one of its Linear layers, forward and backward (its
+    three products: output, input gradient, weight gradient), in each eager MLP variant's precision: TF32 on or
+    off, bf16 autocast over fp32 weights (the casts included) or bf16 weights. A step of the MLP does these products
+    and more (activations, one layer without an input gradient), so no variant should beat its row."""
+    import torch
+
+    from gpulab.mlp.model import VARIANTS
+
+    rows = []
+    for variant in VARIANTS.values():
+        if variant.graph or variant.compiled or variant.ceiling_dtype not in modes or variant.unavailable(info):
+            continue
+        dtype = torch.bfloat16 if variant.bf16_weights else torch.float32
+        layer = torch.nn.Linear(dim, dim, device=info.torch_device, dtype=dtype)
+        x = torch.randn(batch, dim, device=info.torch_device, dtype=dtype, requires_grad=True)
+        out_dtype = torch.bfloat16 if variant.bf16_weights or variant.autocast_bf16 else torch.float32
+        grad = torch.ones(batch, dim, device=info.torch_device, dtype=out_dtype)
+
+        def step(layer: Any = layer, x: Any = x, grad: Any = grad, variant: Any = variant) -> None:
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            with variant.autocast(info):
+                out = layer(x)
+            out.backward(grad)
+
+        with variant.matmul_precision():
+            row = with_state(info, lambda step=step: [timed_row([step], timing, info)])[0]
+        rows.append({"kind": "matmul", "dtype": variant.ceiling_dtype, "size": f"{batch}x{dim}x{dim}",
+                     "method": f"linear fwd+bwd ({variant.name})", **row,
+                     "tflops": 3 * 2 * batch * dim * dim / (row["median_ms"] / 1e3) / 1e12})
+    return rows
+
+
 def mark_best(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``best`` on the fastest ok method of each (kind, dtype, size); matmul: over all its shapes per dtype."""
     if not rows:
@@ -358,9 +418,10 @@ def measure_ceilings(
     copy_mib = config.get("copy_mib", "auto")
     fallback = max_tensor_bytes or bench_max_bytes(info)
     triton_reason = _triton_reason(info)
+    graph_reason = "" if info.gpu_available else f"device graphs need a GPU ({info.reason})"
     rows: list[dict[str, Any]] = []
     for pattern in MEMORY_PATTERNS:
-        methods = pattern_methods(pattern, triton_reason)
+        methods = pattern_methods(pattern, triton_reason, graph_reason)
         for dtype in dtypes:
             largest = plateau_bytes(matrix, dtype, fallback) if copy_mib == "auto" else int(copy_mib) * MiB
             for size in ceiling_sizes(matrix, pattern, dtype, largest):
@@ -373,11 +434,16 @@ def measure_ceilings(
 
 
 def measure_gemm_ceilings(dtypes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings, *, target: str,
-                          fingerprint: str, device: DeviceInfo | None = None) -> list[dict[str, Any]]:
-    """The matmul ceiling at a workload's own GEMM shapes only (the MLP's, measured by its own step): a
-    workload's settings then never re-measure the benchmark matrix's ceilings (bench/ceilings.csv)."""
+                          fingerprint: str, mlp: tuple[int, int] | None = None,
+                          device: DeviceInfo | None = None) -> list[dict[str, Any]]:
+    """The matmul ceiling at a workload's own GEMM shapes only (the MLP's, measured by its own step), and on the
+    MLP's own path (``mlp``: its batch and width; measure_mlp_path): a workload's settings then never re-measure
+    the benchmark matrix's ceilings (bench/ceilings.csv)."""
     info = device or detect()
-    rows = measure_matmul(matmul_modes(dtypes, info), gemms, timing, info, squares=False)
+    modes = matmul_modes(dtypes, info)
+    rows = measure_matmul(modes, gemms, timing, info, squares=False)
+    if mlp is not None:
+        rows += measure_mlp_path(modes, *mlp, timing, info)
     return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
 
 
@@ -474,9 +540,17 @@ class Ceilings:
                          index=t.index, dtype=object)
 
     def matmul_tflops(self, dtype: str) -> float:
+        return self.matmul(dtype).gbps
+
+    def matmul(self, dtype: str) -> Hit:
+        """The matmul ceiling of ``dtype`` (TFLOP/s in ``gbps``): the fastest best row over its shapes and methods."""
         rows = self.best("matmul")
         rows = rows[rows["dtype"] == dtype]
-        return float(rows["tflops"].max()) if not rows.empty else math.nan
+        if rows.empty:
+            return MISS
+        top = rows.loc[rows["tflops"].astype(float).idxmax()]
+        return Hit(float(top["tflops"]), math.nan, f"{top['method']} {top['size']}",
+                   float(top["p90_ms"]) / float(top["p10_ms"]))
 
 
 def pct_of(value: float, ceiling: float) -> float:
@@ -500,31 +574,61 @@ def above_ceiling(gbps: float, ceiling: Hit, row_spread: float) -> bool:
 RAISE_LIMIT = 1.05
 
 
-def raise_to_fastest(rows: pd.DataFrame) -> pd.DataFrame:
-    """Each bandwidth-bound ok row's ceiling raised to the fastest row of the same pattern, dtype and tensor size
-    where that row beat every dedicated method by at most RAISE_LIMIT, or by more but within the spread of both
-    (``above_ceiling`` false: on the shared 2-core CPU an add measured 24% above torch.add at p90/p10 spreads of
-    1.3 each, one noisy median against another). Those rows move exactly the pattern's bytes, so the fastest of
-    them is as much a measured limit as a copy is; ``dedicated_ceiling_gbps`` keeps the methods' figure, and a row
-    that beat them beyond the spread of both is no longer ``above_ceiling`` once it is the ceiling. A row beyond
-    both RAISE_LIMIT and the spread raises nothing: it stays above 100% and red, as a byte count (or a timing)
-    not to be trusted."""
-    df = rows.assign(dedicated_ceiling_gbps=rows["ceiling_gbps"])
-    within_spread = df["above_ceiling"].astype(str).str.lower().eq("false")
-    plausible = (df["gbps"] <= df["ceiling_gbps"] * RAISE_LIMIT) | within_spread
-    judged = (df["status"] == "ok") & (df["regime"] == "bandwidth") & df["gbps"].notna() & plausible
-    keys = ["pattern", "dtype", "tensor_bytes"]
-    for _, group in df[judged].groupby(keys):
-        fastest = group.loc[group["gbps"].idxmax()]
-        beaten = group.index[group["ceiling_gbps"] < fastest["gbps"]]
-        if beaten.empty:
-            continue
-        df.loc[beaten, "ceiling_gbps"] = fastest["gbps"]
-        df.loc[beaten, "ceiling_method"] = f"{fastest['op']} {fastest['impl']} (fastest row; above every method)"
-        df.loc[beaten, "ceiling_bytes"] = fastest["tensor_bytes"]
-        df.loc[beaten, "pct_of_ceiling"] = 100.0 * (df.loc[beaten, "gbps"] / fastest["gbps"])
-        df.loc[beaten, "above_ceiling"] = False  # they are at or below the ceiling they are now placed against
+SHARED_KEYS = ["pattern", "dtype", "tensor_bytes"]
+
+
+def share_ceilings(rows: pd.DataFrame) -> pd.DataFrame:
+    """One ceiling per (pattern, dtype, tensor size), shared by every row of every op's table: ``rows`` are all the
+    benchmark cells of a target together. The dedicated ceiling of a size is the fastest of its methods: those of
+    the ceilings job and every reference timed beside a case of that size (``dedicated_ceiling_gbps``, the highest
+    any row carries). Where a bandwidth-bound ok row beat it by at most RAISE_LIMIT, or by more but within the
+    spread of both (``above_ceiling`` false: on the shared 2-core CPU an add measured 24% above torch.add at p90/p10
+    spreads of 1.3 each, one noisy median against another), the fastest such row is the ceiling: it moves exactly
+    the pattern's bytes, so it is as much a measured limit as a copy is. This is the one place a ceiling is
+    raised; ``ceiling_method`` names the row that raised it and ``dedicated_ceiling_gbps`` keeps the methods'
+    figure. A row beyond both RAISE_LIMIT and the spread raises nothing: it stays above 100% and red, as a byte
+    count (or a timing) not to be trusted."""
+    df = rows.copy()
+    ok = (df["status"] == "ok") & df["gbps"].notna() & df["dedicated_ceiling_gbps"].notna()
+    for _, group in df[ok].groupby(SHARED_KEYS):
+        dedicated = group.loc[group["dedicated_ceiling_gbps"].idxmax()]
+        ceiling = Hit(float(dedicated["dedicated_ceiling_gbps"]), float(dedicated["tensor_bytes"]),
+                      str(dedicated["ceiling_method"]), _spread(dedicated))
+        regime = "bandwidth" if group["regime"].eq("bandwidth").any() else "latency"
+        spreads = group["p90_ms"] / group["p10_ms"]
+        plausible = [gbps <= ceiling.gbps * RAISE_LIMIT or not above_ceiling(gbps, ceiling, spread)
+                     for gbps, spread in zip(group["gbps"], spreads, strict=True)]
+        judged = group[plausible]
+        if regime == "bandwidth" and not judged.empty and judged["gbps"].max() > ceiling.gbps:
+            fastest = judged.loc[judged["gbps"].idxmax()]
+            ceiling = Hit(float(fastest["gbps"]), float(fastest["tensor_bytes"]),
+                          f"{fastest['op']} {fastest['impl']} (fastest row; above every method)",
+                          float(fastest["p90_ms"]) / float(fastest["p10_ms"]))
+        for index, spread, trusted in zip(group.index, spreads, plausible, strict=True):
+            shared = _placed(float(group.at[index, "gbps"]), ceiling, regime, spread)
+            if regime == "bandwidth" and not trusted:
+                shared["above_ceiling"] = True  # beyond the methods by more than RAISE_LIMIT and both spreads
+            for column, value in {**shared, "dedicated_ceiling_gbps": dedicated["dedicated_ceiling_gbps"]}.items():
+                df.at[index, column] = value
     return df
+
+
+def _spread(row: pd.Series) -> float:
+    spread = pd.to_numeric(pd.Series([row.get("ceiling_spread")]), errors="coerce").iloc[0]
+    return float(spread) if pd.notna(spread) else 1.0
+
+
+def _placed(gbps: float, ceiling: Hit, regime: str, row_spread: float) -> dict[str, Any]:
+    latency = regime == "latency"
+    return {"ceiling_gbps": ceiling.gbps, "ceiling_bytes": int(ceiling.tensor_bytes), "ceiling_method": ceiling.method,
+            "ceiling_spread": ceiling.spread, "regime": regime,
+            "pct_of_ceiling": math.nan if latency else pct_of(gbps, ceiling.gbps),
+            "above_ceiling": None if latency else above_ceiling(gbps, ceiling, row_spread)}
+
+
+def raised_rows(rows: pd.DataFrame) -> int:
+    """Rows placed against a benchmarked row rather than a ceiling method (share_ceilings)."""
+    return int(rows["ceiling_method"].astype(str).str.endswith("(fastest row; above every method)").sum())
 
 
 def placement(gbps: float, ceiling: Hit, row_spread: float) -> dict[str, Any]:
@@ -536,6 +640,7 @@ def placement(gbps: float, ceiling: Hit, row_spread: float) -> dict[str, Any]:
         "dedicated_ceiling_gbps": ceiling.gbps,
         "ceiling_bytes": None if math.isnan(ceiling.tensor_bytes) else int(ceiling.tensor_bytes),
         "ceiling_method": ceiling.method,
+        "ceiling_spread": ceiling.spread,
         "regime": ceiling.regime,
         "pct_of_ceiling": math.nan if latency else pct_of(gbps, ceiling.gbps),
         "above_ceiling": None if latency else above_ceiling(gbps, ceiling, row_spread),

@@ -51,9 +51,16 @@ TIMING_KINDS = {
     "cache_policy": "str",
     "stable": "bool",
     "times_ms": "str",
+    "energy_j": "float",
+    "power_w": "float",
+    "energy_reason": "str",
 }
 # Columns added after tables were first recorded: older tables read back with them empty.
-LATER_COLUMNS = ("stable", "times_ms", "reference_method", "reference_gbps", "reference_times_ms")
+LATER_COLUMNS = (
+    "stable", "times_ms", "reference_method", "reference_gbps", "reference_times_ms", "energy_j", "power_w",
+    "energy_reason", "gb_per_j", "ceiling_spread", "ceiling_method", "above_ceiling", "tflop_per_j", "j_per_token",
+    "tok_per_j", "datasheet_gbps", "pct_of_datasheet",
+)
 assert set(TIMING_KINDS) == set(TIMING_COLUMNS), "timing columns drifted from gpulab.timing.Timing"
 MEASURE_COLUMNS = tuple(Column(name, kind, "see gpulab.timing") for name, kind in TIMING_KINDS.items())
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gpulab import energy
 from gpulab.device import DeviceInfo, detect, synchronize
 
 # MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU.
@@ -111,6 +112,11 @@ class Timing:
     cache_policy: str  # flush | rotate:N | none
     stable: bool = False  # see is_stable; measure() always sets it
     times_ms: str = ""  # every repetition's time, blocks separated by "|" (format_blocks / parse_blocks)
+    # Device energy of one call (gpulab.energy: the counter read around each block, the cache flushes taken off),
+    # its mean power over the call's mean time, and why either is unknown (empty when known).
+    energy_j: float = math.nan
+    power_w: float = math.nan
+    energy_reason: str = ""
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,6 +314,7 @@ class Measurement:
             cache_policy=_cache_policy(self.settings, len(self.fns)),
             stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
             times_ms=format_blocks(self.blocks),
+            **self.timer.energy(stats["mean_ms"]).as_row(),
         )
 
 
@@ -360,6 +367,9 @@ class _BlockTimer:
         self.layout = _Layout(info.torch_device)
         self.count = 0
         self.last: tuple[int, object] = (0, None)
+        # the device's energy counter, read around each block; every call and flush inside the blocks counted
+        self.meter = energy.Meter(energy.counter(info.backend if info.gpu_available else "cpu"))
+        self.calls = self.flushes = 0
         # untimed calls opening each block: the call above, and on a GPU the first timed repetition
         self.opening_calls = 0 if not interleaved else 2 if info.gpu_available else 1
 
@@ -368,20 +378,33 @@ class _BlockTimer:
         # Yield the CPU between blocks: a block then starts on a fresh time slice instead of inheriting
         # the previous block's scheduling.
         time.sleep(0)
+        times = self.meter.block(lambda: self._timed(reps))
+        self.count += reps
+        self.calls += reps + self.opening_calls
+        self.flushes += reps + (self.opening_calls > 1)
+        return times
+
+    def _timed(self, reps: int) -> list[float]:
         if self.interleaved:
             # One untimed call first: after other cases the closure's launch path is cold, a host stall the
             # device events would count.
             self.fns[self.count % len(self.fns)]()
         if not self.info.gpu_available:
-            times = self._host_clock(reps)
-        elif self.interleaved:
+            return self._host_clock(reps)
+        if self.interleaved:
             # The first timed repetition of an interleaved block can still start late (device events would
             # count the idle time as the kernel's), so it is run but not kept.
-            times = self._device_events(reps + 1)[1:]
-        else:
-            times = self._device_events(reps)
-        self.count += reps
-        return times
+            return self._device_events(reps + 1)[1:]
+        return self._device_events(reps)
+
+    def energy(self, call_ms: float) -> energy.Energy:
+        """Energy of one call over every block timed so far (the flushes before its repetitions taken off)."""
+        flush_j = 0.0
+        if self.flush.buffer is not None and not self.meter.problem:
+            key = (self.info.torch_device, int(self.flush.buffer.numel()))
+            flush_j = energy.flush_joules(self.meter.source, key, self.flush, lambda: synchronize(self.info))
+        return self.meter.per_call(self.calls, call_ms, self.flushes if self.flush.buffer is not None else 0,
+                                   flush_j)
 
     def _host_clock(self, reps: int) -> list[float]:
         times = []

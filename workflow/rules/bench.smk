@@ -72,10 +72,11 @@ rule bench_cell:
 
 rule bench_aggregate:
     input:
+        # Every op's cells: each table's rows share one ceiling per pattern, dtype and size.
         cells=lambda w: expand(
             result("bench/cells/{op}__{impl}.csv"),
             target=w.target,
-            op=w.op,
+            op=BENCH_OPS,
             impl=BENCH_IMPLS,
         ),
     output:

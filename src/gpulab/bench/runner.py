@@ -50,11 +50,14 @@ from gpulab.ceilings import (
     Ceilings,
     Hit,
     placement,
-    raise_to_fastest,
+    raised_rows,
     reference_closures,
+    share_ceilings,
 )
+from gpulab.datasheet import pct_of_datasheet
 from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
+from gpulab.energy import per_unit
 from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
 from gpulab.timing import (
@@ -104,20 +107,28 @@ BENCH = TableSchema(
         Column("gbps_p90", "float", "GB/s at the p10 time (the fast end of the spread)"),
         Column("gbps_p10", "float", "GB/s at the p90 time (the slow end of the spread)"),
         Column("gflops", "float", "flops / median time, GFLOP/s"),
-        Column("ceiling_gbps", "float", "the pattern's measured ceiling at this row's tensor size: the best of "
-               "the dedicated methods (dedicated_ceiling_gbps), or the fastest row of the same pattern, dtype and "
-               "size where that row beat them all (ceiling_method then names it)"),
+        Column("ceiling_gbps", "float", "the pattern's measured ceiling at this row's tensor size, one for every table "
+               "(gpulab.ceilings.share_ceilings): the best of the dedicated methods (dedicated_ceiling_gbps), or the "
+               "fastest row of any op of the same pattern, dtype and size where that row beat them all "
+               "(ceiling_method then names it)"),
         Column("dedicated_ceiling_gbps", "float", "the best of the dedicated ceiling methods at this size "
-               "(bench/ceilings.csv, or the reference timed beside the case where that was faster)"),
+               "(bench/ceilings.csv, or a reference timed beside a case of this size where that was faster)"),
         Column("ceiling_bytes", "int", "tensor size that ceiling was measured at: tensor_bytes (exact), or the "
                "nearest measured size when the ceilings were measured for another matrix"),
         Column("ceiling_method", "str", "the method that set that ceiling"),
+        Column("ceiling_spread", "float", "p90/p10 of that ceiling's repetition times (the invariant allows a row "
+               "above it by the spread of both)"),
         Column("regime", "str", "bandwidth | latency: the ceiling at this size is below half the pattern's "
                "plateau (its ceiling at the largest size, same dtype): launch and first-access latency, not "
                "bandwidth, set the time"),
         Column("pct_of_ceiling", "float", "gbps as a percentage of ceiling_gbps; empty for latency rows"),
         Column("above_ceiling", "bool", "gbps exceeds the dedicated ceiling by more than the spread (p90/p10) of both: "
                "then the ceiling is not trustworthy; empty for latency rows (not judged)"),
+        Column("datasheet_gbps", "float", "the device's datasheet memory bandwidth (gpulab.datasheet); empty where "
+               "the device is not listed"),
+        Column("pct_of_datasheet", "float", "gbps as a percentage of datasheet_gbps"),
+        Column("gb_per_j", "float", "bytes_moved per joule of device energy (GB/J): energy_j of one call; empty "
+               "where the energy is unknown (energy_reason says why)"),
         Column("method", "str", "how the time was taken: timer, cache policy, reps"),
         Column("reference_method", "str", "the pattern's reference method timed beside the case, a block of it "
                "after each of the case's (timing.reference; empty where off): memcpy | torch.add"),
@@ -278,6 +289,7 @@ def _with_figures(case: Case, row: dict[str, Any], ceiling: Hit) -> dict[str, An
         "gbps_p90": bytes_moved / (row["p10_ms"] / 1e3) / 1e9,
         "gbps_p10": bytes_moved / (row["p90_ms"] / 1e3) / 1e9,
         "gflops": spec.flops(case.shape) / (row["median_ms"] / 1e3) / 1e9,
+        "gb_per_j": per_unit(row.get("energy_j", math.nan), bytes_moved / 1e9),
         **placement(gbps, ceiling, row["p90_ms"] / row["p10_ms"]),
         "method": f"{row['timer']}, median of {row['reps']} reps in {blocks} blocks taken in turn with the "
                   f"cell's other cases{reference}, cache {row['cache_policy']}",
@@ -447,13 +459,17 @@ def _cell_row(case: Case, row: dict[str, Any], ctx: BenchContext, fingerprint: s
     base = case_rows_base(case, target=ctx.target, fingerprint=fingerprint, device_name=ctx.info.name)
     ceiling = ceilings.lookup(op_spec(case.op).pattern, case.dtype, base["tensor_bytes"]) if ceilings else MISS
     out = {**base, **_with_figures(case, row, ceiling)}
+    if out["status"] == "ok":
+        out["datasheet_gbps"], out["pct_of_datasheet"] = pct_of_datasheet(out["gbps"], base["device"])
     log.info("%s %s %s %s: %s %s", case.op, case.impl, case.label, case.dtype, out["status"],
              f"{out['median_ms']:.4g} ms, {out['gbps']:.4g} GB/s" if out["status"] == "ok" else out["reason"])
     return out
 
 
-def aggregate(cell_paths: Iterable[str | Path]) -> pd.DataFrame:
-    """Concatenate the cells of one op into its tidy table, ordered impl / size / dtype."""
+def aggregate(cell_paths: Iterable[str | Path], op: str | None = None) -> pd.DataFrame:
+    """Concatenate the cells of one op into its tidy table, ordered impl / size / dtype. ``cell_paths`` are every
+    op's cells of the target: each (pattern, dtype, size) gets one ceiling from all of them (share_ceilings), so
+    every op's table places its rows against the same one; ``op`` picks the table (all ops when None)."""
     frames = [BENCH.read(p) for p in cell_paths]
     frames = [f for f in frames if not f.empty]
     if not frames:
@@ -461,11 +477,16 @@ def aggregate(cell_paths: Iterable[str | Path]) -> pd.DataFrame:
     df = pd.concat(frames, ignore_index=True)
     # Vector sizes read back as integers, softmax shapes as text: one type for the column.
     df["size"] = df["size"].astype(str)
+    df = share_ceilings(df)
+    log.info("%d of %d ok rows placed against a benchmarked row (faster than every ceiling method)",
+             raised_rows(df), int((df["status"] == "ok").sum()))
+    if op is not None:
+        df = df[df["op"] == op]
     order = {name: i for i, name in enumerate(IMPL_ORDER)}
     dtype_order = {"fp32": 0, "fp16": 1, "bf16": 2}
     df = df.assign(_impl=df["impl"].map(order).fillna(len(order)), _dtype=df["dtype"].map(dtype_order).fillna(3))
     df = df.sort_values(["target", "_impl", "impl", "numel", "size", "_dtype"], kind="stable")
-    return raise_to_fastest(df.drop(columns=["_impl", "_dtype"]).reset_index(drop=True))
+    return df.drop(columns=["_impl", "_dtype"]).reset_index(drop=True)
 
 
 def bench_cell_job(

@@ -63,6 +63,14 @@ LLM = TableSchema(
         Column("ceiling_pattern", "str", "read, or the pattern that stood in for it and why"),
         Column("roofline_tok_s", "float", "tokens/s if every step read bytes_per_token at ceiling_gbps"),
         Column("pct_of_ceiling", "float", "gbps as % of ceiling_gbps"),
+        Column("above_ceiling", "bool", "decode rows: gbps exceeds ceiling_gbps by more than the row's spread "
+               "(p90/p10): a byte count or a ceiling not to be trusted, flagged as a benchmark row is"),
+        Column("datasheet_gbps", "float", "the device's datasheet memory bandwidth (gpulab.datasheet); empty where "
+               "the device is not listed"),
+        Column("pct_of_datasheet", "float", "decode rows: gbps as % of datasheet_gbps"),
+        Column("j_per_token", "float", "device energy per token (energy_j of one call over its tokens: n_prompt for "
+               "pp, n_gen for tg and the study); empty where the energy is unknown (energy_reason says why)"),
+        Column("tok_per_j", "float", "tokens per joule: 1 / j_per_token"),
         Column("load_s", "float", "model load time, s (tokenizer excluded, as the study timed it)"),
         Column("tokens_match", "bool", "greedy/teacher rows: the engine's tokens equal transformers'"),
         Column("first_mismatch", "int", "greedy/teacher rows: index of the first differing token"),

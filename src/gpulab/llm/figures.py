@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
-from gpulab.ceilings import pct_of
+from gpulab.ceilings import Hit, above_ceiling, pct_of
+from gpulab.datasheet import pct_of_datasheet
 from gpulab.device import DeviceInfo
+from gpulab.energy import per_unit
 from gpulab.llm.engines import Engine
 from gpulab.llm.probe import PeakMemory
 from gpulab.llm.roofline import Ceiling, bytes_per_token
@@ -82,6 +84,14 @@ class Bench:
         row["gbps_all_weights"] = row["weight_bytes"] * row["tok_s"] / 1e9
         row["roofline_tok_s"] = self.ceiling.gbps * 1e9 / row["bytes_per_token"]
         row["pct_of_ceiling"] = pct_of(row["gbps"], self.ceiling.gbps)
+        spread = row["p90_ms"] / row["p10_ms"] if row["p10_ms"] > 0 else 1.0
+        row["above_ceiling"] = above_ceiling(row["gbps"], Hit(self.ceiling.gbps, math.nan, "", 1.0), spread)
+        row["datasheet_gbps"], row["pct_of_datasheet"] = pct_of_datasheet(row["gbps"], self.info.name)
+
+    def energy(self, row: dict[str, Any], tokens: int) -> None:
+        """Joules per token and tokens per joule of the row's calls (unknown energy stays unknown)."""
+        row["tok_per_j"] = per_unit(row["energy_j"], tokens)
+        row["j_per_token"] = 1.0 / row["tok_per_j"] if row["tok_per_j"] > 0 else math.nan
 
 
 def pp(bench: Bench, ids: torch.Tensor, weight_bytes: int) -> None:
@@ -90,6 +100,7 @@ def pp(bench: Bench, ids: torch.Tensor, weight_bytes: int) -> None:
                       weight_bytes=weight_bytes)
     if row:
         row["tok_s"], row["tok_s_sd"] = mean_sd_tok_s(n, _timing(row))
+        bench.energy(row, n)
 
 
 def ttft(bench: Bench, ids: torch.Tensor, weight_bytes: int) -> None:
@@ -105,6 +116,7 @@ def tg(bench: Bench, ids: torch.Tensor, n: int, weight_bytes: int) -> None:
     row = bench.timed(f"tg{n}", run, bench.reps, n_prompt=int(ids.shape[1]), n_gen=n, weight_bytes=weight_bytes)
     if row:
         row["tok_s"], row["tok_s_sd"] = mean_sd_tok_s(n, _timing(row))
+        bench.energy(row, n)
         # step t (1..n) attends to the prompt and the t-1 tokens before it
         bench.decode_bandwidth(row, int(ids.shape[1]) + (n - 1) / 2)
 
@@ -143,5 +155,6 @@ def study(bench: Bench, ids: torch.Tensor, max_new_tokens: int, sampling: Sampli
     if row:
         row["n_gen"] = len(run.output)
         row["tok_s"], row["tok_s_sd"] = len(run.output) / (row["mean_ms"] / 1e3), math.nan  # one run, as the study
+        bench.energy(row, len(run.output))
         bench.decode_bandwidth(row, int(ids.shape[1]) + (len(run.output) - 1) / 2)
     return run.output

@@ -30,8 +30,9 @@ import pandas as pd
 import torch
 from torch.profiler import record_function
 
-from gpulab.ceilings import Ceilings, pct_of
+from gpulab.ceilings import MISS, Ceilings, above_ceiling, pct_of
 from gpulab.device import DeviceInfo, detect, synchronize, teardown_profiler_after_use, warm_on_side_stream
+from gpulab.energy import per_unit
 from gpulab.mlp.kernels import (
     BACKWARD_RANGE,
     FORWARD_RANGE,
@@ -71,7 +72,12 @@ MLP_SUMMARY = TableSchema(
         Column("step_matmul_flops", "float", "matmul FLOPs of one forward+backward step, 2·B·D²·(3L-1)"),
         Column("tflops", "float", "achieved matmul TFLOP/s at the median step time"),
         Column("ceiling_tflops", "float", "measured matmul ceiling of ceiling_dtype on this target"),
+        Column("ceiling_method", "str", "the method and shape that set ceiling_tflops (bench/ceilings.csv)"),
         Column("pct_of_ceiling", "float", "tflops as % of ceiling_tflops"),
+        Column("above_ceiling", "bool", "tflops exceeds ceiling_tflops by more than the spread (p90/p10) of both: "
+               "then the ceiling is not trustworthy (as a benchmark row is judged)"),
+        Column("tflop_per_j", "float", "matmul TFLOP per joule of device energy (energy_j of one step); empty where "
+               "the energy is unknown (energy_reason says why)"),
         Column("rel_err_output", "float", "relative L2 error of the output against a float64 reference"),
         Column("rel_err_grad", "float", "relative L2 error of the last layer's weight gradient"),
         Column("tolerance", "float", "largest relative error accepted for this variant"),
@@ -449,10 +455,14 @@ def profile_mlp(
     op_frames: list[pd.DataFrame] = []
     setup = _set_up(shape, info, seed)
     for variant in variants:
-        ceiling = ceilings.matmul_tflops(variant.ceiling_dtype) if ceilings is not None else math.nan
+        hit = ceilings.matmul(variant.ceiling_dtype) if ceilings is not None else MISS
+        ceiling = hit.gbps
         fields, kernels, ops = _profile_one(variant, setup, shape, timing, info, out_dir)
         if kernels is not None and ops is not None:
             fields["pct_of_ceiling"] = pct_of(fields["tflops"], ceiling)
+            fields["ceiling_method"] = hit.method
+            fields["above_ceiling"] = above_ceiling(fields["tflops"], hit, fields["p90_ms"] / fields["p10_ms"])
+            fields["tflop_per_j"] = per_unit(fields["energy_j"], base["step_matmul_flops"] / 1e12)
             common = {"target": target, "fingerprint": fingerprint, "status": "ok", "reason": "",
                       "variant": variant.name}
             kernel_frames.append(kernels.assign(**common, time_source=base["time_source"]))

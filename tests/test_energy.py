@@ -1,0 +1,220 @@
+"""Energy: the counter readers, the ROCm tools' recorded outputs, and what a measurement makes of a counter that
+moves, is frozen, goes backwards or is missing."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulab import energy
+from gpulab.datasheet import datasheet_gbps, pct_of_datasheet
+from gpulab.device import detect
+from gpulab.timing import TimingSettings, measure
+
+FIXTURES = Path(__file__).parent / "fixtures" / "env"
+
+
+class Scripted:
+    """A counter that answers the given readings in turn (joules), the last one from then on."""
+
+    reason = ""
+    source = "scripted"
+
+    def __init__(self, *readings: float) -> None:
+        self.readings = list(readings)
+
+    def read(self) -> float | None:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+class AtPower:
+    """A counter that moves with wall time at a steady ``watts``, as a device's does under load."""
+
+    reason = ""
+    source = "steady"
+
+    def __init__(self, watts: float) -> None:
+        self.watts = watts
+
+    def read(self) -> float | None:
+        return self.watts * time.perf_counter()
+
+
+def _blocks(meter: energy.Meter, n: int, seconds: float = 0.0) -> None:
+    for _ in range(n):
+        meter.block(lambda: time.sleep(seconds))
+
+
+def test_a_moving_counter_gives_the_energy_of_one_call_less_the_flushes():
+    meter = energy.Meter(Scripted(100.0, 110.0, 110.0, 130.0))
+    _blocks(meter, 2)
+    assert meter.joules == 30.0
+    result = meter.per_call(calls=10, call_ms=500.0, flushes=10, flush_j=1.0)
+    assert result.joules == pytest.approx(2.0) and result.watts == pytest.approx(4.0) and result.reason == ""
+    assert result.as_row() == {"energy_j": result.joules, "power_w": result.watts, "energy_reason": ""}
+
+
+def test_a_frozen_counter_is_unknown_never_zero():
+    # rocm_smi_lib issue #180: an MI210's counter read 5198685762204 throughout a program's run.
+    frozen = energy.Meter(Scripted(5198685762204 * 15.3e-6))
+    _blocks(frozen, 2, seconds=energy.MIN_SPAN_S / 2 + 0.01)
+    result = frozen.per_call(calls=100, call_ms=1.0)
+    assert math.isnan(result.joules) and math.isnan(result.watts)
+    assert result.reason.startswith("unknown: the counter did not move") and "(frozen)" in result.reason
+    # Too short a span to expect a move: unknown too, but not called frozen.
+    brief = energy.Meter(Scripted(7.0))
+    _blocks(brief, 1)
+    assert "below its update interval" in brief.per_call(calls=1, call_ms=1.0).reason
+
+
+def test_a_counter_that_goes_backwards_is_unknown():
+    """A reset (NVML's counter restarts when the driver reloads) or a wrap (older AMD firmware's 32-bit count)."""
+    meter = energy.Meter(Scripted(500.0, 520.0, 525.0, 3.0))  # the second block starts at 525 J and ends at 3 J
+    _blocks(meter, 2)
+    reason = meter.per_call(calls=2, call_ms=1.0).reason
+    assert reason.startswith("unknown: the counter went backwards") and "wrapped or was reset" in reason
+
+
+def test_nvml_counter_reads_millijoules_and_a_driver_reload_shows_as_a_reset():
+    pynvml = pytest.importorskip("pynvml")
+    readings = iter([1_000_000, 1_250_000, 1_300_000, 40])  # mJ since the driver loaded; the driver reloads
+
+    class Library:
+        NVMLError = pynvml.NVMLError
+
+        @staticmethod
+        def nvmlDeviceGetTotalEnergyConsumption(handle: object) -> int:
+            return next(readings)
+
+    counter = energy.Nvml(Library, handle=object())
+    meter = energy.Meter(counter)
+    meter.block(lambda: None)
+    assert meter.joules == pytest.approx(250.0)
+    meter.block(lambda: None)
+    assert "went backwards" in meter.per_call(calls=1, call_ms=1.0).reason
+
+
+def test_an_nvml_that_stops_answering_is_unknown_with_its_error():
+    pynvml = pytest.importorskip("pynvml")
+
+    class Library:
+        NVMLError = pynvml.NVMLError
+
+        @staticmethod
+        def nvmlDeviceGetTotalEnergyConsumption(handle: object) -> int:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    meter = energy.Meter(energy.Nvml(Library, handle=None))
+    meter.block(lambda: None)
+    assert meter.per_call(calls=1, call_ms=1.0).reason.startswith("unknown: NVML stopped answering")
+
+
+def test_without_nvidia_ml_py_the_counter_is_missing_with_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    found = energy._nvml_counter()
+    assert isinstance(found, energy.Missing) and found.read() is None
+    assert "pip install nvidia-ml-py" in found.reason
+
+
+def test_nvml_without_a_driver_is_missing_not_a_crash():
+    pytest.importorskip("pynvml")
+    if detect().backend == "cuda":
+        pytest.skip("an NVIDIA driver is loaded here")
+    found = energy._nvml_counter()
+    assert isinstance(found, energy.Missing) and found.reason.startswith("NVML did not start")
+
+
+def test_a_cpu_run_has_no_counter_and_says_so():
+    found = energy.counter("cpu")
+    assert isinstance(found, energy.Missing) and "CPU" in found.reason
+
+
+@pytest.mark.parametrize("name", ["amd_smi_metric_energy_rocm6.json", "amd_smi_metric_energy_rocm7.json"])
+def test_amd_smi_energy_json_both_layouts(name):
+    text = (FIXTURES / name).read_text()
+    first, second = energy.parse_amd_smi_energy(text, 0), energy.parse_amd_smi_energy(text, 1)
+    expected = {"amd_smi_metric_energy_rocm6.json": (20909145.914, 21111595.33),
+                "amd_smi_metric_energy_rocm7.json": (20909188.578, 21111638.458)}[name]
+    assert (first, second) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="no GPU 2"):
+        energy.parse_amd_smi_energy(text, 2)
+
+
+def test_amd_smi_recorded_second_moves_by_about_43_joules():
+    """One second apart on an idle MI210 (the recorded -w 1 samples): ~43 J, i.e. ~43 W."""
+    before = energy.parse_amd_smi_energy((FIXTURES / "amd_smi_metric_energy_rocm6.json").read_text())
+    after = energy.parse_amd_smi_energy((FIXTURES / "amd_smi_metric_energy_rocm7.json").read_text())
+    assert 40 < after - before < 45
+
+
+def test_amd_smi_older_string_values_and_units():
+    assert energy.parse_amd_smi_energy('[{"gpu": 0, "energy": {"total_energy_consumption": "1.004 J"}}]') == 1.004
+    assert energy.parse_amd_smi_energy(
+        '[{"gpu": 0, "energy": {"total_energy_consumption": {"value": 1500, "unit": "mJ"}}}]') == 1.5
+    with pytest.raises(ValueError, match="N/A"):
+        energy.parse_amd_smi_energy('[{"gpu": 0, "energy": {"total_energy_consumption": "N/A"}}]')
+
+
+def test_rocm_smi_energy_counter_json():
+    text = (FIXTURES / "rocm_smi_energy_mi250.json").read_text()
+    assert energy.parse_rocm_smi_energy(text, 0) == pytest.approx(962825096.2974429)
+    with pytest.raises(KeyError):
+        energy.parse_rocm_smi_energy(text, 1)
+    with pytest.raises(ValueError, match="no AMD GPU"):
+        energy.parse_rocm_smi_energy(" \n", 0)
+
+
+def test_a_tool_that_is_not_installed_is_missing_with_the_reason():
+    counter = energy.Tool(("gpulab-no-such-smi", "--json"), energy.parse_rocm_smi_energy, 0)
+    assert counter.read() is None and "not found on PATH" in counter.reason
+
+
+def test_measure_brackets_its_blocks_with_the_counter(monkeypatch):
+    """Every measured row carries the energy of one call: a counter moving at 50 W gives positive joules and a mean
+    power of about 50 W over the call's own time."""
+    monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
+    timing = measure(lambda: time.sleep(0.005), TimingSettings(min_time_s=0.05, max_wall_s=0.3, flush_cache=False))
+    assert timing.energy_reason == "" and timing.energy_j > 0
+    # Wall time between the calls (the timer's own work) is counted too, so the call's power is at least 50 W.
+    assert 50.0 <= timing.power_w < 100.0
+
+
+def test_the_flush_energy_is_measured_once_per_size(monkeypatch):
+    monkeypatch.setattr(energy, "_FLUSH_JOULES", {})
+    calls = []
+    first = energy.flush_joules(AtPower(50.0), ("cpu", 1), lambda: (calls.append(1), time.sleep(0.01)), lambda: None)
+    again = energy.flush_joules(AtPower(50.0), ("cpu", 1), lambda: calls.append(1), lambda: None)
+    assert first == again and 0.5 <= first / 0.01 / 50.0 < 2 and len(calls) >= 10
+
+
+def test_measure_with_a_frozen_counter_says_so(monkeypatch):
+    monkeypatch.setattr(energy, "counter", lambda backend: Scripted(12.0))
+    timing = measure(lambda: time.sleep(0.01), TimingSettings(min_time_s=0.3, max_wall_s=1.0, flush_cache=False))
+    assert math.isnan(timing.energy_j) and "(frozen)" in timing.energy_reason
+
+
+def test_measure_on_a_cpu_carries_the_columns_as_unknown():
+    timing = measure(lambda: None, TimingSettings(min_time_s=0.01, max_wall_s=0.05))
+    assert math.isnan(timing.energy_j) and timing.energy_reason.startswith("unknown: no GPU")
+
+
+def test_per_unit_is_unknown_without_energy():
+    assert energy.per_unit(0.5, 100) == 200.0 and energy.per_unit(2.0, 1e9, 1e-9) == 0.5
+    assert all(math.isnan(energy.per_unit(e, 10)) for e in (math.nan, 0.0, None))
+
+
+@pytest.mark.parametrize(("name", "gbps"), [
+    ("NVIDIA H100 80GB HBM3", 3350.0), ("NVIDIA H100 PCIe", 2000.0), ("NVIDIA H200", 4800.0),
+    ("NVIDIA A100-SXM4-80GB", 2039.0), ("AMD Instinct MI300X", 5300.0), ("AMD Instinct MI250X / MI250", 3276.8),
+    ("AMD Radeon 8060S Graphics", 256.0)])
+def test_datasheet_bandwidth_by_device_name(name, gbps):
+    assert datasheet_gbps(name) == gbps
+    assert pct_of_datasheet(gbps / 2, name) == (gbps, 50.0)
+
+
+def test_an_unlisted_device_has_no_datasheet_figure():
+    assert math.isnan(datasheet_gbps("cpu")) and math.isnan(pct_of_datasheet(10.0, "Some GPU")[1])
