@@ -589,6 +589,9 @@ def share_ceilings(rows: pd.DataFrame) -> pd.DataFrame:
     figure. A row beyond both RAISE_LIMIT and the spread raises nothing: it stays above 100% and red, as a byte
     count (or a timing) not to be trusted."""
     df = rows.copy()
+    # Cells an ok row gets whatever they held: a latency row's verdict is empty, a ceiling method text.
+    for column in ("above_ceiling", "ceiling_method", "regime", "ceiling_spread", "ceiling_bytes"):
+        df[column] = df[column].astype(object) if column in df else None
     ok = (df["status"] == "ok") & df["gbps"].notna() & df["dedicated_ceiling_gbps"].notna()
     for _, group in df[ok].groupby(SHARED_KEYS):
         dedicated = group.loc[group["dedicated_ceiling_gbps"].idxmax()]
