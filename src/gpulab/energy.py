@@ -139,26 +139,35 @@ def _nvml_counter() -> Counter:
     except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
         return Missing(f"NVML did not start: {exc}")
     try:
-        import torch
-
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        if uuid.startswith("MIG-") or _mig_enabled(pynvml, uuid):
-            return Missing("a MIG instance: NVML's energy counter is the whole GPU's, shared with other instances")
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        handle = _nvml_handle(pynvml)
+        if _mig_enabled(pynvml, handle):
+            return Missing("MIG is on: NVML's energy counter is the whole GPU's, shared with the other instances")
         counter = Nvml(pynvml, handle)
         if counter.read() is None:
             return Missing(f"nvmlDeviceGetTotalEnergyConsumption: {counter.reason}")
         return counter
-    except Exception as exc:  # NotSupported (pre-Volta), NoPermission, an unknown UUID
+    except Exception as exc:  # NotSupported (before Volta), NoPermission, no such device
         return Missing(f"NVML energy counter unavailable: {type(exc).__name__}: {exc}")
 
 
-def _mig_enabled(pynvml: Any, uuid: str) -> bool:
+def _nvml_handle(pynvml: Any) -> Any:
+    """The NVML device torch measures on: by its UUID (NVML numbers devices ignoring CUDA_VISIBLE_DEVICES), else
+    by the first index CUDA_VISIBLE_DEVICES names."""
     try:
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+    except Exception:  # an older torch without .uuid, or a UUID NVML does not know
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        return pynvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+
+
+def _mig_enabled(pynvml: Any, handle: Any) -> bool:
+    try:
         return bool(pynvml.nvmlDeviceGetMigMode(handle)[0])
-    except Exception:  # not a MIG-capable GPU
-        return False
+    except Exception:  # not a MIG-capable GPU, or a MIG device handle (whose parent has MIG on)
+        return bool(getattr(pynvml, "nvmlDeviceIsMigDeviceHandle", lambda h: False)(handle))
 
 
 def _rocm_counter() -> Counter:

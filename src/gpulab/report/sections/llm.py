@@ -59,10 +59,13 @@ def bench_table(df: pd.DataFrame) -> pd.DataFrame:
             "status": "ok" if statuses == ["ok"] else ", ".join(s for s in statuses if s != "ok"),
             "prefill tok/s": _test_mean_sd(pp),
             "decode tok/s": _test_mean_sd(tg),
+            "prefill tok/J": _num(pp, "tok_per_j"),
+            "decode tok/J": _num(tg, "tok_per_j"),
             "TTFT (ms)": _num(ttft, "mean_ms"),
             "study tok/s": _num(run, "tok_s"),
             "decode GB/s": _num(tg, "gbps"),
             "% of ceiling": _num(tg, "pct_of_ceiling"),
+            "% of datasheet": _num(tg, "pct_of_datasheet"),
             "roofline tok/s": _num(tg, "roofline_tok_s"),
             "peak alloc (GiB)": pd.to_numeric(group.get("peak_alloc_gib"), errors="coerce").max(),
             "load (s)": _num(first, "load_s"),
@@ -189,7 +192,35 @@ def _throughput_figures(df: pd.DataFrame, labels: Any) -> list[Any]:
             err_high="tok_s_high", facet_titles=labels, value_format="{:.0f}",
             data_columns=["target", "model", "model_source", "engine", "test", "status", "tok_s", "tok_s_sd",
                           "mean_ms", "reps", "timer"]))
-    return figures
+    energy = _energy_figure(df)
+    return figures + ([energy] if energy is not None else [])
+
+
+def _energy_figure(df: pd.DataFrame) -> Any:
+    """Energy of one call against its time, one colour per engine and one point per test: the slope to the origin
+    is the mean power. None where no row has a known energy (the rows' energy_reason says why)."""
+    import matplotlib.pyplot as plt
+
+    if "energy_j" not in df.columns:
+        return None
+    rows = df[(df["status"] == "ok") & pd.to_numeric(df["energy_j"], errors="coerce").gt(0)]
+    if rows.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    colors = plots.series_colors(rows["engine"].astype(str).unique())
+    for engine, group in rows.groupby("engine"):
+        ax.scatter(group["mean_ms"], group["energy_j"], label=str(engine), color=colors[str(engine)], zorder=3)
+        for row in group.itertuples():
+            ax.annotate(str(row.test), (row.mean_ms, row.energy_j), fontsize=8, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="time per call (ms, mean)", ylabel="device energy per call (J)")
+    ax.legend(title="engine")
+    return plots.embed(
+        fig, alt="Device energy per call against time per call, per engine and test",
+        caption="From the device's cumulative energy counter read around each timed block (NVML on NVIDIA, amd-smi "
+                "or rocm-smi on AMD), over the calls. Tokens per joule are in the table below.",
+        data=rows[[c for c in ("target", "model", "engine", "test", "mean_ms", "energy_j", "power_w", "tok_per_j",
+                               "j_per_token") if c in rows.columns]])
 
 
 TOP_KERNELS = 8

@@ -103,7 +103,7 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
 
 def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
     """What the best GeLU row's percentage is of: where it beat every copy method at its size, it is that size's
-    ceiling itself (gpulab.ceilings.raise_to_fastest); where the memcpy timed beside it set the ceiling, that
+    ceiling itself (gpulab.ceilings.share_ceilings); where the memcpy timed beside it set the ceiling, that
     figure. Either way the copy card beside it (the ceilings job's plateau) shows another number."""
     dedicated = pd.to_numeric(pd.Series([row.get("dedicated_ceiling_gbps")]), errors="coerce").iloc[0]
     method = str(row.get("ceiling_method", ""))
