@@ -720,6 +720,10 @@ def test_aggregate_orders_cells_and_keeps_the_schema(tmp_path):
         BENCH.write(rows, paths[-1])
     table = aggregate(paths)
     assert list(table.columns) == BENCH.names
+    # A CPU run: energy and datasheet columns are there, unknown, and say why.
+    ok = table[table["status"] == "ok"]
+    assert ok["energy_j"].isna().all() and ok["gb_per_j"].isna().all() and ok["datasheet_gbps"].isna().all()
+    assert ok["energy_reason"].str.startswith("unknown: no GPU").all()
     assert table[["impl", "size", "dtype"]].values.tolist()[:4] == [
         ["native", "8", "fp32"], ["native", "8", "bf16"], ["native", "4096", "fp32"], ["native", "4096", "bf16"]]
 

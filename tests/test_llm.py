@@ -419,6 +419,12 @@ def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
     assert tg["bytes_per_token"] < tg["weight_bytes"]  # the input embedding table is not read
     assert tg["gbps"] == pytest.approx(tg["bytes_per_token"] * tg["tok_s"] / 1e9)
     assert tg["pct_of_ceiling"] == pytest.approx(100 * tg["gbps"] / 10.0)
+    # A CPU: above a 10 GB/s stand-in ceiling, flagged; no datasheet figure; energy unknown with the reason.
+    assert bool(tg["above_ceiling"]) == (tg["gbps"] > 10.0 * tg["p90_ms"] / tg["p10_ms"])
+    assert pd.isna(tg["datasheet_gbps"]) and pd.isna(tg["pct_of_datasheet"])
+    timed = table[table["mean_ms"].notna()]
+    assert timed["energy_j"].isna().all() and timed["tok_per_j"].isna().all() and timed["j_per_token"].isna().all()
+    assert timed["energy_reason"].str.startswith("unknown: no GPU").all()
     document = json.loads((tmp_path / f"tiny__{engine}.json").read_text())
     assert document["study"]["messages"][1]["content"] == MESSAGES[1]["content"]
     assert 0 < len(document["study"]["token_ids"]) <= 12

@@ -284,7 +284,7 @@ def profiled(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("results") / "local"
     timing = TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False)
     rows = measure_ceilings({"copy_mib": 1, "matmul_n": 128, "dtypes": ["fp32", "bf16"]}, timing,
-                            target="local", fingerprint="test")
+                            target="local", fingerprint="test", mlp=(TINY["batch"], TINY["dim"]))
     CEILINGS.write(rows, root / "bench" / "ceilings.csv")
     ceilings = Ceilings.load(root / "bench" / "ceilings.csv")
     profile_mlp(TINY, timing, target="local", fingerprint="test", ceilings=ceilings, out_dir=root / "mlp")
@@ -320,6 +320,18 @@ def test_cpu_summary_rows(profiled):
     assert ok["kernel_step_share"].isna().all() and ok["host_bound"].isna().all()  # no device: no verdict
     assert (ok["matmul_share"] > 0).all() and (ok["matmul_share"] < 1).all()
     assert (ok["reps"] >= 3).all() and (ok["timer"] == "perf_counter").all()
+    # No device energy counter on a CPU: unknown with the reason, never 0.
+    assert ok["energy_j"].isna().all() and ok["tflop_per_j"].isna().all()
+    assert ok["energy_reason"].str.startswith("unknown: no GPU").all()
+    # Placed against the matmul ceiling of their dtype (its best method named) and judged like a benchmark row.
+    assert ok["ceiling_method"].str.len().gt(0).all() and ok["above_ceiling"].notna().all()
+
+
+def test_the_matmul_ceiling_includes_the_mlp_path(profiled):
+    table = CEILINGS.read(profiled / "bench" / "ceilings.csv")
+    path = table[table["method"].str.startswith("linear fwd+bwd")]
+    assert set(path["method"]) == {"linear fwd+bwd (fp32)", "linear fwd+bwd (bf16)", "linear fwd+bwd (bf16_weights)"}
+    assert (path["status"] == "ok").all() and (path["size"] == "16x32x32").all()
 
 
 def test_cpu_kernel_rows_are_classified_by_phase_and_category(profiled):
