@@ -179,8 +179,8 @@ def test_measure_brackets_its_blocks_with_the_counter(monkeypatch):
     monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
     timing = measure(lambda: time.sleep(0.005), TimingSettings(min_time_s=0.05, max_wall_s=0.3, flush_cache=False))
     assert timing.energy_reason == "" and timing.energy_j > 0
-    # Wall time between the calls (the timer's own work) is counted too, so the call's power is at least 50 W.
-    assert 50.0 <= timing.power_w < 100.0
+    # About 50 W: the wall time between calls counts too, and the untimed pilot block's calls are among the calls.
+    assert 35.0 <= timing.power_w < 100.0
 
 
 def test_the_flush_energy_is_measured_once_per_size(monkeypatch):
@@ -218,3 +218,25 @@ def test_datasheet_bandwidth_by_device_name(name, gbps):
 
 def test_an_unlisted_device_has_no_datasheet_figure():
     assert math.isnan(datasheet_gbps("cpu")) and math.isnan(pct_of_datasheet(10.0, "Some GPU")[1])
+
+
+def test_the_amdsmi_library_reader_takes_either_accumulator_key():
+    """ROCm/amdsmi issue #22 and AMDResearch/hpcfund issue #21 show amdsmi_get_energy_count's dict before ROCm 6.3:
+    {'power': 8152136, 'counter_resolution': 15.3, 'timestamp': ...}; later releases name it energy_accumulator."""
+    for key in ("power", "energy_accumulator"):
+        class Library:
+            @staticmethod
+            def amdsmi_get_energy_count(handle: object, key: str = key) -> dict:
+                return {key: 8152136, "counter_resolution": 15.300000190734863, "timestamp": 3824190842400799}
+
+        assert energy.AmdSmiLib(Library, handle=None).read() == pytest.approx(8152136 * 15.3e-6)
+
+
+def test_without_the_amdsmi_library_the_rocm_reader_says_so():
+    try:
+        import amdsmi  # noqa: F401
+    except ImportError:
+        found = energy._amdsmi_counter(0)
+        assert isinstance(found, energy.Missing) and found.reason.startswith("amdsmi library: ModuleNotFoundError")
+    else:
+        pytest.skip("the amdsmi library is installed here")

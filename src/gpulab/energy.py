@@ -2,10 +2,10 @@
 
 One reader interface (:class:`Counter`: ``read()`` gives the joules the device has used since its driver
 loaded) over the vendors' counters: NVIDIA's ``nvmlDeviceGetTotalEnergyConsumption`` (millijoules, through
-``nvidia-ml-py``), AMD's ``amd-smi metric --energy --json`` (joules) or, where amd-smi is absent,
-``rocm-smi --showenergycounter --json`` (microjoules). Where there is none (a CPU, no NVML, no AMD tool, a MIG
-slice whose counter is the whole GPU's) the reader is :class:`Missing`, and its reason is what every row's
-``energy_reason`` says: energy is then unknown, never 0.
+``nvidia-ml-py``), AMD's ``amdsmi`` library where importable, else ``amd-smi metric --energy --json`` (joules) or,
+where amd-smi is absent, ``rocm-smi --showenergycounter --json`` (microjoules). Where there is none (a CPU, no
+NVML, no AMD tool, a MIG slice whose counter is the whole GPU's) the reader is :class:`Missing`, and its reason is
+what every row's ``energy_reason`` says: energy is then unknown, never 0.
 
 :class:`Meter` accumulates the counter's movement over the blocks of one measurement (the bench runner
 interleaves the blocks of several cases, so each block is bracketed, not the whole measurement) and turns it
@@ -170,10 +170,44 @@ def _mig_enabled(pynvml: Any, handle: Any) -> bool:
         return bool(getattr(pynvml, "nvmlDeviceIsMigDeviceHandle", lambda h: False)(handle))
 
 
+class AmdSmiLib:
+    """amd-smi's Python library (ROCm's ``share/amd_smi``), where importable: microseconds a read, where the CLI
+    takes a process start. ``amdsmi_get_energy_count`` gives the accumulator and its resolution in µJ (the
+    accumulator key is ``power`` before ROCm 6.3 and ``energy_accumulator`` from then on)."""
+
+    source = "amdsmi"
+
+    def __init__(self, amdsmi: Any, handle: Any) -> None:
+        self.amdsmi, self.handle, self.reason = amdsmi, handle, ""
+
+    def read(self) -> float | None:
+        try:
+            count = self.amdsmi.amdsmi_get_energy_count(self.handle)
+            accumulator = count.get("energy_accumulator", count.get("power"))
+            return float(accumulator) * float(count["counter_resolution"]) / 1e6
+        except Exception as exc:  # AmdSmiLibraryException and unexpected layouts alike
+            self.reason = f"amdsmi_get_energy_count: {exc}"
+            return None
+
+
+def _amdsmi_counter(index: int) -> Counter:
+    try:
+        import amdsmi
+
+        amdsmi.amdsmi_init()
+        counter = AmdSmiLib(amdsmi, amdsmi.amdsmi_get_processor_handles()[index])
+    except Exception as exc:  # not installed, no driver, no such GPU
+        return Missing(f"amdsmi library: {type(exc).__name__}: {exc}")
+    return counter if counter.read() is not None else Missing(counter.reason)
+
+
 def _rocm_counter() -> Counter:
     visible = os.environ.get("HIP_VISIBLE_DEVICES") or os.environ.get("ROCR_VISIBLE_DEVICES") or "0"
     index = int(visible.split(",")[0]) if visible.split(",")[0].isdigit() else 0
-    reasons = []
+    library = _amdsmi_counter(index)
+    if not library.reason:
+        return library
+    reasons = [library.reason]
     for argv, parse in ((AMD_SMI_ARGS, parse_amd_smi_energy), (ROCM_SMI_ARGS, parse_rocm_smi_energy)):
         counter = Tool(argv, parse, index)
         if counter.read() is not None:
