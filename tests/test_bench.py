@@ -59,9 +59,9 @@ from gpulab.ceilings import (
     placement,
     plateau_bytes,
     raised_rows,
-    share_ceilings,
     regime,
     screen_sweep,
+    share_ceilings,
 )
 from gpulab.device import DeviceInfo
 from gpulab.tables import SchemaError
