@@ -240,3 +240,16 @@ def test_without_the_amdsmi_library_the_rocm_reader_says_so():
         assert isinstance(found, energy.Missing) and found.reason.startswith("amdsmi library: ModuleNotFoundError")
     else:
         pytest.skip("the amdsmi library is installed here")
+
+
+def test_a_reader_that_raises_does_not_lose_the_measurement():
+    class Broken:
+        reason = ""
+        source = "broken"
+
+        def read(self) -> float | None:
+            raise OSError("the device went away")
+
+    meter = energy.Meter(Broken())
+    assert meter.block(lambda: 42) == 42
+    assert meter.per_call(calls=1, call_ms=1.0).reason == "unknown: OSError: the device went away"

@@ -254,9 +254,9 @@ class Meter:
         """Run one block between two reads of the counter."""
         if self.problem:
             return run()
-        before, start = self.source.read(), time.perf_counter()
+        before, start = self._read(), time.perf_counter()
         result = run()
-        after, end = self.source.read(), time.perf_counter()
+        after, end = self._read(), time.perf_counter()
         if before is None or after is None:
             self.problem = self.source.reason or "the counter could not be read"
         elif after < before:
@@ -265,6 +265,14 @@ class Meter:
             self.joules += after - before
             self.span_s += end - start
         return result
+
+    def _read(self) -> float | None:
+        """The counter, or None: a reader that raises must not lose the measurement it brackets."""
+        try:
+            return self.source.read()
+        except Exception as exc:
+            self.source.reason = self.source.reason or f"{type(exc).__name__}: {exc}"
+            return None
 
     def per_call(self, calls: int, call_ms: float, flushes: int = 0, flush_j: float = 0.0) -> Energy:
         """Energy of one call: the blocks' joules less ``flushes`` x ``flush_j``, over ``calls``; its mean power
