@@ -59,7 +59,7 @@ def test_a_moving_counter_gives_the_energy_of_one_call_less_the_flushes():
 
 
 def test_a_frozen_counter_is_unknown_never_zero():
-    # rocm_smi_lib issue #180: an MI210's counter read 5198685762204 throughout a program's run.
+    # https://github.com/ROCm/rocm_smi_lib/issues/180: an MI210's counter read 5198685762204 throughout a program's run.
     frozen = energy.Meter(Scripted(5198685762204 * 15.3e-6))
     _blocks(frozen, 2, seconds=energy.MIN_SPAN_S / 2 + 0.01)
     result = frozen.per_call(calls=100, call_ms=1.0)
@@ -221,7 +221,7 @@ def test_an_unlisted_device_has_no_datasheet_figure():
 
 
 def test_the_amdsmi_library_reader_takes_either_accumulator_key():
-    """ROCm/amdsmi issue #22 and AMDResearch/hpcfund issue #21 show amdsmi_get_energy_count's dict before ROCm 6.3:
+    """amdsmi_get_energy_count's dict before ROCm 6.3, as https://github.com/AMDResearch/hpcfund/issues/21 shows it:
     {'power': 8152136, 'counter_resolution': 15.3, 'timestamp': ...}; later releases name it energy_accumulator."""
     for key in ("power", "energy_accumulator"):
         class Library:
