@@ -284,9 +284,15 @@ def profiled(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("results") / "local"
     timing = TimingSettings(min_time_s=0.01, min_reps=3, warmup_reps=1, flush_cache=False)
     rows = measure_ceilings({"copy_mib": 1, "matmul_n": 128, "dtypes": ["fp32", "bf16"]}, timing,
-                            target="local", fingerprint="test", mlp=(TINY["batch"], TINY["dim"]))
+                            target="local", fingerprint="test")
     CEILINGS.write(rows, root / "bench" / "ceilings.csv")
-    ceilings = Ceilings.load(root / "bench" / "ceilings.csv")
+    # The MLP step's own: its GEMM shapes and its Linear layer on its path (as workflow/scripts/mlp_profile.py).
+    shape = MLPShape(TINY["dim"], TINY["num_layers"], TINY["batch"], TINY["num_steps"])
+    own = measure_gemm_ceilings(["fp32", "bf16"], gemm_shapes(shape), timing, target="local", fingerprint="test",
+                                mlp=(TINY["batch"], TINY["dim"]))
+    CEILINGS.write(own, root / "mlp" / "ceilings.csv")
+    ceilings = Ceilings(pd.concat([Ceilings.load(root / "bench" / "ceilings.csv").table,
+                                   Ceilings.load(root / "mlp" / "ceilings.csv").table], ignore_index=True))
     profile_mlp(TINY, timing, target="local", fingerprint="test", ceilings=ceilings, out_dir=root / "mlp")
     return root
 
@@ -328,7 +334,7 @@ def test_cpu_summary_rows(profiled):
 
 
 def test_the_matmul_ceiling_includes_the_mlp_path(profiled):
-    table = CEILINGS.read(profiled / "bench" / "ceilings.csv")
+    table = CEILINGS.read(profiled / "mlp" / "ceilings.csv")
     path = table[table["method"].str.startswith("linear fwd+bwd")]
     assert set(path["method"]) == {"linear fwd+bwd (fp32)", "linear fwd+bwd (bf16)", "linear fwd+bwd (bf16_weights)"}
     assert (path["status"] == "ok").all() and (path["size"] == "16x32x32").all()
