@@ -5,6 +5,7 @@ The real submission to a one-node Slurm cluster is .ci/slurm.sh (CI); these test
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -190,11 +191,12 @@ def test_the_step_runner_exports_the_target_environment_before_the_step(monkeypa
     monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
     monkeypatch.setattr(os, "environ", dict(os.environ))  # the runner writes os.environ: keep the test's own
     config = config_with(**TWO_TARGETS)
-    seen = {}
+    seen = tmp_path / "seen.json"  # the step runs in a child process: what it saw reaches the test through a file
     job = SimpleNamespace(log=[str(tmp_path / "x.log")], config=config, input={}, output=[], params={},
                           wildcards=SimpleNamespace(target="mi300x"))
-    step_module.run(job, lambda step: seen.update(env=os.environ.get("HSA_OVERRIDE_GFX_VERSION"), target=step.target))
-    assert seen == {"env": "9.4.2", "target": "mi300x"}
+    step_module.run(job, lambda step: seen.write_text(json.dumps(
+        {"env": os.environ.get("HSA_OVERRIDE_GFX_VERSION"), "target": step.target})))
+    assert json.loads(seen.read_text()) == {"env": "9.4.2", "target": "mi300x"}
 
 
 def test_every_device_step_exports_its_target_environment_first():
