@@ -51,7 +51,7 @@ def _blocks(meter: energy.Meter, n: int, seconds: float = 0.0) -> None:
 
 def test_a_moving_counter_gives_the_energy_of_one_call_less_the_flushes():
     meter = energy.Meter(Scripted(100.0, 110.0, 110.0, 130.0))
-    _blocks(meter, 2)
+    _blocks(meter, 2, seconds=energy.MIN_SPAN_S / 2 + 0.01)
     assert meter.joules == 30.0
     result = meter.per_call(calls=10, call_ms=500.0, flushes=10, flush_j=1.0)
     assert result.joules == pytest.approx(2.0) and result.watts == pytest.approx(4.0) and result.reason == ""
@@ -61,7 +61,7 @@ def test_a_moving_counter_gives_the_energy_of_one_call_less_the_flushes():
 def test_a_frozen_counter_is_unknown_never_zero():
     # https://github.com/ROCm/rocm_smi_lib/issues/180: an MI210's counter read 5198685762204 throughout a program's run.
     frozen = energy.Meter(Scripted(5198685762204 * 15.3e-6))
-    _blocks(frozen, 2, seconds=energy.MIN_SPAN_S / 2 + 0.01)
+    _blocks(frozen, 2, seconds=energy.FROZEN_SPAN_S / 2 + 0.01)
     result = frozen.per_call(calls=100, call_ms=1.0)
     assert math.isnan(result.joules) and math.isnan(result.watts)
     assert result.reason.startswith("unknown: the counter did not move") and "(frozen)" in result.reason
@@ -69,6 +69,24 @@ def test_a_frozen_counter_is_unknown_never_zero():
     brief = energy.Meter(Scripted(7.0))
     _blocks(brief, 1)
     assert "below its update interval" in brief.per_call(calls=1, call_ms=1.0).reason
+
+
+def test_blocks_shorter_than_the_update_interval_are_unknown_even_when_the_counter_moved():
+    """NVML's counter steps every 20-100 ms: over a few short blocks its steps land in some and not in others."""
+    meter = energy.Meter(Scripted(100.0, 112.0))
+    _blocks(meter, 1)
+    result = meter.per_call(calls=1, call_ms=12.0)
+    assert math.isnan(result.joules) and "under the counter's update interval" in result.reason
+
+
+def test_a_mean_power_above_the_boards_limit_is_unknown():
+    counter = Scripted(100.0, 160.0)
+    counter.limit_w = 700.0
+    meter = energy.Meter(counter)
+    _blocks(meter, 1, seconds=energy.MIN_SPAN_S + 0.01)
+    too_much = meter.per_call(calls=5, call_ms=12.0)  # 12 J a 12 ms call: 1000 W on a 700 W board
+    assert math.isnan(too_much.joules) and "above the board's 700 W limit" in too_much.reason
+    assert meter.per_call(calls=5, call_ms=24.0).watts == pytest.approx(500.0)
 
 
 def test_a_counter_that_goes_backwards_is_unknown():
@@ -177,7 +195,8 @@ def test_measure_brackets_its_blocks_with_the_counter(monkeypatch):
     """Every measured row carries the energy of one call: a counter moving at 50 W gives positive joules and a mean
     power of about 50 W over the call's own time."""
     monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
-    timing = measure(lambda: time.sleep(0.005), TimingSettings(min_time_s=0.05, max_wall_s=0.3, flush_cache=False))
+    timing = measure(lambda: time.sleep(0.005), TimingSettings(min_time_s=energy.MIN_SPAN_S, max_wall_s=3.0,
+                                                               flush_cache=False))
     assert timing.energy_reason == "" and timing.energy_j > 0
     # About 50 W: the wall time between calls counts too, and the untimed pilot block's calls are among the calls.
     assert 35.0 <= timing.power_w < 100.0

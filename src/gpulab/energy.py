@@ -29,11 +29,15 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-# NVML updates the counter every ~20-100 ms and AMD's firmware about every millisecond; blocks spanning less than
-# this may see it unmoved without it being frozen.
-MIN_SPAN_S = 0.25
+# NVML's counter moves in steps tens of milliseconds apart: timed blocks spanning less than this in all give
+# figures off by more than a tenth (on an H100, 0.1-0.3 s spans gave mean powers of 40 kW on a 700 W board).
+MIN_SPAN_S = 1.0
+# A counter that has not moved over this long has stopped: its steps are at most about 100 ms apart.
+FROZEN_SPAN_S = 0.25
+# A mean power this far above the board's enforced limit is a counter artefact, never a measurement.
+POWER_SLACK = 1.05
 # The flushes' energy is measured over at least this much wall time, once per process and flush size.
-FLUSH_ENERGY_S = 0.3
+FLUSH_ENERGY_S = 1.1 * MIN_SPAN_S
 AMD_SMI_ARGS = ("amd-smi", "metric", "--energy", "--json")
 ROCM_SMI_ARGS = ("rocm-smi", "--showenergycounter", "--json")
 
@@ -65,6 +69,7 @@ class Nvml:
 
     def __init__(self, pynvml: Any, handle: Any) -> None:
         self.pynvml, self.handle, self.reason = pynvml, handle, ""
+        self.limit_w = _nvml_power_limit_w(pynvml, handle)
 
     def read(self) -> float | None:
         try:
@@ -92,6 +97,14 @@ class Tool:
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             self.reason = f"{' '.join(self.argv)}: unreadable output ({exc})"
             return None
+
+
+def _nvml_power_limit_w(pynvml: Any, handle: Any) -> float | None:
+    """The board's enforced power limit in watts, the most a mean power can physically be; None if unknown."""
+    try:
+        return pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
+    except Exception:  # NVML raises its own error types, and a stand-in may lack the call
+        return None
 
 
 def parse_amd_smi_energy(text: str, index: int = 0) -> float:
@@ -280,15 +293,23 @@ class Meter:
         if self.problem:
             return Energy(reason=f"unknown: {self.problem}")
         if self.joules == 0:
-            why = "frozen" if self.span_s >= MIN_SPAN_S else "below its update interval"
+            why = "frozen" if self.span_s >= FROZEN_SPAN_S else "below its update interval"
             return Energy(reason=f"unknown: the counter did not move in {self.span_s:.3g} s ({why})")
+        if self.span_s < MIN_SPAN_S:
+            return Energy(reason=f"unknown: the timed blocks span {self.span_s:.3g} s, under the counter's update "
+                          f"interval ({MIN_SPAN_S} s): too short to attribute its steps to them")
         if math.isnan(flush_j):
             return Energy(reason="unknown: the cache flush's energy could not be measured")
         joules = (self.joules - flushes * flush_j) / max(calls, 1)
         if not joules > 0:
             return Energy(reason=f"unknown: the calls' energy is within the counter's resolution after the "
                           f"{flushes} cache flushes' {flushes * flush_j:.3g} J are taken off {self.joules:.3g} J")
-        return Energy(joules, joules / (call_ms / 1e3) if call_ms > 0 else math.nan)
+        watts = joules / (call_ms / 1e3) if call_ms > 0 else math.nan
+        limit = getattr(self.source, "limit_w", None)
+        if limit and watts > limit * POWER_SLACK:
+            return Energy(reason=f"unknown: a mean power of {watts:.0f} W is above the board's {limit:.0f} W limit "
+                          "(the counter's steps do not line up with these calls)")
+        return Energy(joules, watts)
 
 
 _FLUSH_JOULES: dict[tuple[str, int], float] = {}
