@@ -14,8 +14,9 @@ import pandas as pd
 import pytest
 import torch
 
-from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings, measure_gemm_ceilings
+from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings
 from gpulab.device import DeviceInfo, detect
+from gpulab.mlp.ceilings import measure_gemm_ceilings
 from gpulab.mlp.kernels import (
     BACKWARD_FUNCTION_SCOPE,
     FORWARD_RANGE,

@@ -1,0 +1,63 @@
+"""The MLP's own matmul ceilings (mlp/ceilings.csv): at its GEMM shapes and on the path its products take.
+
+Measured by the MLP's step, so the MLP's settings never re-measure the benchmark matrix's ceilings, and kept apart
+from :mod:`gpulab.ceilings` so a benchmark cell's code does not include the MLP's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpulab.ceilings import Gemm, mark_best, matmul_modes, measure_matmul, timed_row, with_state
+from gpulab.device import DeviceInfo, detect
+from gpulab.mlp.model import VARIANTS
+from gpulab.timing import TimingSettings
+
+
+def measure_gemm_ceilings(dtypes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings, *, target: str,
+                          fingerprint: str, mlp: tuple[int, int] | None = None,
+                          device: DeviceInfo | None = None) -> list[dict[str, Any]]:
+    """The matmul ceiling at a workload's own GEMM shapes only (the MLP's, measured by its own step), and on the
+    MLP's own path (``mlp``: its batch and width; measure_mlp_path): a workload's settings then never re-measure
+    the benchmark matrix's ceilings (bench/ceilings.csv)."""
+    info = device or detect()
+    modes = matmul_modes(dtypes, info)
+    rows = measure_matmul(modes, gemms, timing, info, squares=False)
+    if mlp is not None:
+        rows += measure_mlp_path(modes, *mlp, timing, info)
+    return [{"target": target, "fingerprint": fingerprint, **row} for row in mark_best(rows)]
+
+
+def measure_mlp_path(modes: Sequence[str], batch: int, dim: int, timing: TimingSettings,
+                     info: DeviceInfo) -> list[dict[str, Any]]:
+    """The matmul ceiling on the path the MLP's products take: one of its Linear layers, forward and backward (its
+    three products: output, input gradient, weight gradient), in each eager MLP variant's precision: TF32 on or
+    off, bf16 autocast over fp32 weights (the casts included) or bf16 weights. A step of the MLP does these products
+    and more (activations, one layer without an input gradient), so no variant should beat its row."""
+    import torch
+
+
+    rows = []
+    for variant in VARIANTS.values():
+        if variant.graph or variant.compiled or variant.ceiling_dtype not in modes or variant.unavailable(info):
+            continue
+        dtype = torch.bfloat16 if variant.bf16_weights else torch.float32
+        layer = torch.nn.Linear(dim, dim, device=info.torch_device, dtype=dtype)
+        x = torch.randn(batch, dim, device=info.torch_device, dtype=dtype, requires_grad=True)
+        out_dtype = torch.bfloat16 if variant.bf16_weights or variant.autocast_bf16 else torch.float32
+        grad = torch.ones(batch, dim, device=info.torch_device, dtype=out_dtype)
+
+        def step(layer: Any = layer, x: Any = x, grad: Any = grad, variant: Any = variant) -> None:
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            with variant.autocast(info):
+                out = layer(x)
+            out.backward(grad)
+
+        with variant.matmul_precision():
+            row = with_state(info, lambda step=step: [timed_row([step], timing, info)])[0]
+        rows.append({"kind": "matmul", "dtype": variant.ceiling_dtype, "size": f"{batch}x{dim}x{dim}",
+                     "method": f"linear fwd+bwd ({variant.name})", **row,
+                     "tflops": 3 * 2 * batch * dim * dim / (row["median_ms"] / 1e3) / 1e12})
+    return rows
