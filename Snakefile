@@ -8,7 +8,7 @@ import time
 sys.path.insert(0, f"{workflow.basedir}/src")
 
 from gpulab.config import validate_config
-from gpulab.preflight import check as preflight
+from gpulab.preflight import check as preflight, runtime_overrides
 from gpulab.failures import failed_jobs, failure_summary, log_offsets
 from gpulab import history
 
@@ -22,10 +22,13 @@ report: "workflow/report/workflow.rst"
 
 
 # Validated (and defaults filled) before any job runs; a bad key fails here, naming it. Settings whose tensors
-# cannot fit the device fail here too, with the estimate and the limit (gpulab.preflight).
+# or run time cannot fit the device fail here too, with the estimate and the limit (gpulab.preflight).
 config.update(validate_config(config))
 if workflow.is_main_process:
-    preflight(config)
+    preflight(
+        config,
+        runtime=runtime_overrides(workflow.resource_settings.overwrite_resources),
+    )
 
 
 include: "workflow/rules/common.smk"

@@ -55,3 +55,57 @@ def test_a_workflow_run_fails_at_once_before_any_job(tmp_path):
     assert proc.returncode != 0
     assert "PreflightError" in out and "needs at least" in out and "the limit is" in out
     assert "Building DAG" not in out
+
+
+CLUSTER = {"h100": {"gpu_model": "h100", "runtime_min": 30}, "mi300x": {"gpu_model": "mi300x", "runtime_min": 90}}
+
+
+def test_a_decode_longer_than_the_job_time_limit_is_named():
+    config = validate_config({"targets": CLUSTER, "llm": {"models": ["random:Qwen/Qwen2.5-7B-Instruct"],
+                                                          "engines": ["fast"], "gen_tokens": 10**6}})
+    with pytest.raises(PreflightError) as err:
+        check(config, LIMIT)
+    message = str(err.value)
+    # 3 timed repetitions of a million steps, each reading 15.2 GB at 10 TB/s: 76 min at least
+    assert "llm_infer: llm random:Qwen/Qwen2.5-7B-Instruct (3,000,000 decode steps over 1 engine, each reading " \
+           "15.2 GB at 10 TB/s) needs at least 76.2 min" in message
+    assert "the limit is 30 min, targets.h100.runtime_min" in message
+
+
+def test_the_default_settings_fit_a_cluster_and_a_local_run_has_no_time_limit():
+    check(validate_config({"targets": CLUSTER, "llm": {"models": ["random:Qwen/Qwen2.5-7B-Instruct"]}}), LIMIT)
+    check(validate_config({"timing": {"min_span_s": 10**6}}), LIMIT)
+
+
+def test_a_rule_runtime_set_on_the_command_line_is_its_limit():
+    config = validate_config({"targets": CLUSTER, "timing": {"min_span_s": 7200}})
+    with pytest.raises(PreflightError, match=r"bench_cell: every benchmark cell .* the limit is 30 min"):
+        check(config, LIMIT)
+    check(config, LIMIT, runtime={"bench_cell": 180})
+    with pytest.raises(PreflightError, match="the limit is 60 min, the runtime set for rule bench_cell"):
+        check(config, LIMIT, runtime={"bench_cell": 60})
+
+
+def test_an_mlp_whose_training_cannot_end_in_time_is_named():
+    config = validate_config({"targets": CLUSTER, "mlp": {"dim": 2**17, "num_layers": 64, "batch": 2**17}})
+    with pytest.raises(PreflightError) as err:
+        check(config, (10**15, "a 1 PB device"))
+    problems = [line for line in str(err.value).splitlines() if "mlp_profile" in line]
+    assert len(problems) == 1 and "8 variants x 18 steps" in problems[0]
+
+
+def test_a_cluster_run_whose_cells_outlast_their_time_limit_fails_before_any_job():
+    base = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--config",
+            "targets={h100: {gpu_model: h100, runtime_min: 1}}", "timing={min_span_s: 120}"]
+
+    def dry_run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*base[:6], *extra, *base[6:]], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env={**os.environ})
+
+    refused = dry_run()
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "Building DAG" not in out
+    assert "bench_cell: every benchmark cell (timing.min_span_s 120 s) needs at least 2.0 min; the limit is 1 min, " \
+           "targets.h100.runtime_min" in out
+    longer = dry_run("--set-resources", "bench_cell:runtime=5")
+    assert longer.returncode == 0, longer.stderr[-2000:]

@@ -1,10 +1,16 @@
-"""Pre-flight: settings whose tensors cannot fit the device fail before any job starts, with estimate and limit.
+"""Pre-flight: settings whose tensors or run time cannot fit the device fail before any job starts, with
+estimate and limit.
 
 Each estimate is a lower bound of one step's peak memory (an LLM's: its weights) from the explicit settings (the
 ``auto`` values scale with the device and fit by construction; where one setting of a step is explicit, its
 ``auto`` partners count at their GPU values). The limit is the memory the measuring device has: the local
 GPU's (``nvidia-smi`` / ``rocm-smi``), the host's without a GPU driver, and for cluster targets, whose nodes this
 host cannot see, :data:`LARGEST_DEVICE_BYTES`.
+
+Time is checked where a job has a time limit: a cluster target's ``runtime_min`` (or a rule's ``runtime`` set
+on the command line or in the profile's ``set-resources``). Each estimate is a lower bound of one job's wall
+time: work the settings fix (bytes every decode step reads, an MLP's FLOPs, a cell's least span) at rates no
+accelerator reaches (:data:`FASTEST_BYTES_PER_S`, :data:`FASTEST_FLOP_PER_S`), so a check that fails is sure to.
 """
 
 from __future__ import annotations
@@ -29,10 +35,16 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 # Tensors a benchmark case holds at once: inputs and output.
 OP_TENSORS = {"gelu": 2, "softmax": 2, "add": 3}
 FP64 = 8  # the correctness check's float64 reference
+# Above any accelerator memory today (8 TB/s: NVIDIA B200 and B300, AMD MI355X): time bounds stay lower bounds.
+FASTEST_BYTES_PER_S = 10e12
+# Twice the fastest dense bf16 matmul rate of an accelerator today (about 2.5 PFLOP/s).
+FASTEST_FLOP_PER_S = 5e15
+# Forward and backward FLOPs of a linear layer per weight and batch row.
+TRAIN_FLOPS_PER_WEIGHT = 6
 
 
 class PreflightError(ConfigError):
-    """Some setting needs more memory than the device has."""
+    """Some setting needs more memory than the device has, or more time than a job may take."""
 
 
 def _explicit(section: Mapping[str, Any], key: str, auto: int) -> int:
@@ -175,15 +187,100 @@ def device_limit(config: Mapping[str, Any]) -> tuple[int, str]:
     return host_memory(), "this machine's memory: without a GPU driver the steps measure the CPU"
 
 
-def check(config: Mapping[str, Any], limit: tuple[int, str] | None = None) -> None:
-    """Raise :class:`PreflightError` listing every setting whose estimate exceeds the device's memory."""
+def memory_problems(config: Mapping[str, Any], limit: tuple[int, str] | None = None) -> list[str]:
+    """A line per setting whose memory estimate exceeds the device's memory."""
     found = estimates(config)
     if not found:
-        return
+        return []
     limit_bytes, limit_what = limit or device_limit(config)
-    over = [(n, what) for n, what in found if n > limit_bytes]
-    if over:
-        lines = "\n".join(f"  - {what} needs at least {n / GIB:,.1f} GiB; the limit is {limit_bytes / GIB:,.1f} GiB, "
-                          f"{limit_what}" for n, what in over)
-        raise PreflightError(f"settings that cannot fit the device ({len(over)}), found before any job started:\n"
-                             f"{lines}")
+    return [f"{what} needs at least {n / GIB:,.1f} GiB; the limit is {limit_bytes / GIB:,.1f} GiB, {limit_what}"
+            for n, what in found if n > limit_bytes]
+
+
+def _gpu_auto(section: Mapping[str, Any], key: str, gpu_value: int) -> int:
+    value = section.get(key, "auto")
+    return gpu_value if value == "auto" else int(value)
+
+
+def bench_seconds(config: Mapping[str, Any]) -> list[tuple[float, str, str]]:
+    """A benchmark cell spreads its cases' blocks over at least ``timing.min_span_s``."""
+    span = (config.get("timing") or {}).get("min_span_s", "auto")
+    if span == "auto":
+        return []
+    return [(float(span), "bench_cell", f"every benchmark cell (timing.min_span_s {float(span):,.0f} s)")]
+
+
+def mlp_seconds(config: Mapping[str, Any]) -> list[tuple[float, str, str]]:
+    """Each variant's training steps (the profiler window, the warm-up and the timed repetitions) at the
+    fastest matmul rate there is."""
+    mlp, timing = config.get("mlp") or {}, config.get("timing") or {}
+    if all(mlp.get(k, "auto") == "auto" for k in MLP_AUTO):
+        return []
+    dim, layers, batch = (_explicit(mlp, k, v) for k, v in MLP_AUTO.items())
+    steps = int(mlp.get("num_steps", 5)) + int(timing.get("warmup_reps", 3)) + int(timing.get("min_reps", 10))
+    variants = len(mlp.get("variants") or [None])
+    flops = variants * steps * TRAIN_FLOPS_PER_WEIGHT * layers * dim * dim * batch
+    return [(flops / FASTEST_FLOP_PER_S, "mlp_profile",
+             f"mlp ({variants} variants x {steps} steps of {TRAIN_FLOPS_PER_WEIGHT} x {layers:,} x {dim:,}^2 x "
+             f"{batch:,} FLOPs at {FASTEST_FLOP_PER_S / 1e15:,.0f} PFLOP/s)")]
+
+
+def llm_seconds(config: Mapping[str, Any]) -> list[tuple[float, str, str]]:
+    """Each model's forced-length decode (the tg figure's timed repetitions, every engine), each step reading
+    every weight once at the fastest memory there is."""
+    llm = config.get("llm") or {}
+    engines = len(llm.get("engines") or [None])
+    tokens = engines * int(llm.get("reps", 3)) * _gpu_auto(llm, "gen_tokens", 128)
+    plural = "s" * (engines != 1)
+    found = []
+    for weight_bytes, what in llm_bytes(llm):
+        seconds = tokens * weight_bytes / FASTEST_BYTES_PER_S
+        found.append((seconds, "llm_infer", f"{what.split(' (')[0]} ({tokens:,} decode steps over {engines} "
+                                            f"engine{plural}, each reading {weight_bytes / 1e9:,.1f} GB at "
+                                            f"{FASTEST_BYTES_PER_S / 1e12:,.0f} TB/s)"))
+    return found
+
+
+def time_estimates(config: Mapping[str, Any]) -> list[tuple[float, str, str]]:
+    """(seconds, rule, what): lower bounds of one job's wall time from the settings."""
+    return bench_seconds(config) + mlp_seconds(config) + llm_seconds(config)
+
+
+def runtime_overrides(overwrite_resources: Mapping[str, Mapping[str, Any]] | None) -> dict[str, float]:
+    """Rules' ``runtime`` (minutes) set on the command line or in a profile's ``set-resources``; values that are
+    not plain numbers (an expression, a duration Snakemake left as text) are left out."""
+    found = {}
+    for rule, resources in (overwrite_resources or {}).items():
+        value = getattr(resources.get("runtime"), "value", resources.get("runtime"))
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found[rule] = float(value)
+    return found
+
+
+def time_problems(config: Mapping[str, Any], overrides: Mapping[str, float] | None = None) -> list[str]:
+    """A line per job whose least time exceeds its time limit: the shortest ``runtime_min`` of the targets,
+    unless the rule's own ``runtime`` is set. Without targets a local run has no time limit."""
+    targets = config.get("targets") or {}
+    if not targets:
+        return []
+    name, spec = min(targets.items(), key=lambda item: int(item[1]["runtime_min"]))
+    problems = []
+    for seconds, rule, what in time_estimates(config):
+        minutes, source = float(spec["runtime_min"]), f"targets.{name}.runtime_min"
+        if rule in (overrides or {}):
+            minutes, source = overrides[rule], f"the runtime set for rule {rule}"
+        if seconds > minutes * 60:
+            problems.append(f"{rule}: {what} needs at least {seconds / 60:,.1f} min; the limit is {minutes:,.0f} "
+                            f"min, {source}")
+    return problems
+
+
+def check(config: Mapping[str, Any], limit: tuple[int, str] | None = None,
+          runtime: Mapping[str, float] | None = None) -> None:
+    """Raise :class:`PreflightError` listing every setting whose memory estimate exceeds the device's memory,
+    and every job whose least time exceeds its time limit (``runtime``: rules' own limits, in minutes)."""
+    problems = memory_problems(config, limit) + time_problems(config, runtime)
+    if problems:
+        lines = "\n".join(f"  - {line}" for line in problems)
+        raise PreflightError(f"settings that cannot fit the device ({len(problems)}), found before any job "
+                             f"started:\n{lines}")
