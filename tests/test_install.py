@@ -36,7 +36,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = root / "source"
     shutil.copytree(REPO, source, symlinks=True, ignore=NOT_SOURCES)
     venv = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # Without the venv's own pip and setuptools (ensurepip's setuptools 65 cannot build a wheel without `wheel`):
+    # the build takes the locked setuptools and pip from this interpreter's packages.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     purelib = Path(_run([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                         cwd=root).stdout.strip())
     # This interpreter's packages (torch, snakemake, ...) behind the venv's own; its editable gpulab is not seen:
