@@ -66,9 +66,14 @@ onsuccess:
 onerror:
     run_id = os.environ[history.RUN_ID_VAR]
     history.record_benchmarks(RESULTS, run_id, RUN_STARTED)
-    # Snakemake removed the failed jobs' outputs: their last good tables go back, marked stale.
+    # Snakemake removed the failed jobs' outputs: their last good tables go back, marked stale and incomplete
+    # (Snakemake's own marker: the next run measures them again).
     failed = [out for job in failed_jobs(log) for out in job.outputs]
-    restored = history.restore_failed(RESULTS, failed)
+    restored = history.restore_failed(
+        RESULTS,
+        failed,
+        lambda path: workflow.persistence._mark_incomplete(path, None),
+    )
     for line in restored:
         print(f"gpulab: {line}", file=sys.stderr)
     # One list of every failing step and its reason (with keep-going, from the default profile: all of them).

@@ -50,8 +50,9 @@ def test_two_target_report_passes_in_the_browser():
     rendered = two_target_report()
     expected = [s["title"] for s in rendered.sections]
     # The fixture holds every step's artifacts: every section there is renders (only the run comparison
-    # needs a baseline).
-    assert [s["id"] for s in rendered.sections] == [m.ID for m in discover_sections() if m.ID != "changes"]
+    # needs a baseline, and the trends kept runs, which recorded results do not carry).
+    assert [s["id"] for s in rendered.sections] == [m.ID for m in discover_sections()
+                                                    if m.ID not in ("changes", "history")]
     check = _check(rendered.path, "two-targets", expected)
     html = rendered.path.read_text()
     assert len(check.images) == html.count("<img ") >= 10
@@ -74,7 +75,8 @@ def test_single_target_report_passes_and_has_no_cross_target_section(tmp_path):
 def test_comparison_report_passes_in_the_browser():
     rendered, _ = comparison_report()
     expected = [s["title"] for s in rendered.sections]
-    assert [s["id"] for s in rendered.sections] == [m.ID for m in discover_sections() if m.ID != "across-targets"]
+    assert [s["id"] for s in rendered.sections] == [m.ID for m in discover_sections()
+                                                    if m.ID not in ("across-targets", "history")]
     _check(rendered.path, "compare", expected)
 
 

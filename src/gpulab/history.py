@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 from base64 import urlsafe_b64decode
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -339,9 +339,12 @@ def restore_interrupted(results_dir: str | Path, metadata_dir: str | Path = ".sn
     return lines
 
 
-def restore_failed(results_dir: str | Path, outputs: Iterable[str]) -> list[str]:
+def restore_failed(results_dir: str | Path, outputs: Iterable[str],
+                   mark_incomplete: Callable[[str], None] | None = None) -> list[str]:
     """After a failed run: every output of a failed job that is gone (Snakemake removed it) and has a kept copy is
-    put back; one line per table."""
+    put back and, through ``mark_incomplete`` (Snakemake's own marker), left for the next run to measure again
+    (the profile's rerun-incomplete): its inputs' recorded checksums and its params would otherwise call it up to
+    date. One line per table."""
     lines = []
     for path in outputs:
         where = split_target(results_dir, path)
@@ -350,6 +353,8 @@ def restore_failed(results_dir: str | Path, outputs: Iterable[str]) -> list[str]
         target_dir, rel = where
         run = restore(target_dir, rel, "its re-measurement failed")
         if run is not None:
+            if mark_incomplete is not None:
+                mark_incomplete(path)
             lines.append(f"{path}: kept the last good table (run {run.id}), marked stale; the next run measures it "
                          "again")
     return lines

@@ -55,7 +55,8 @@ TUNE_FAST = TableSchema(
         *(_LLM_COLUMNS[n] for n in ("graph_mode", "test", "dtype", "device", "n_prompt", "n_gen", "tok_s",
                                     "tok_s_sd", "peak_alloc_gib", "peak_reserved_gib", "weight_bytes",
                                     "bytes_per_token", "gbps", "gbps_all_weights", "ceiling_gbps", "ceiling_pattern",
-                                    "roofline_tok_s", "pct_of_ceiling")),
+                                    "roofline_tok_s", "pct_of_ceiling", "above_ceiling", "datasheet_gbps",
+                                    "pct_of_datasheet", "j_per_token", "tok_per_j")),
         Column("prepare_s", "float", "compilation and capture before the first timed step, s"),
         Column("tokens_match_default", "bool", "the variant's greedy tokens on the study's prompt equal the default "
                "variant's"),
