@@ -97,8 +97,15 @@ def check_jobs(snakemake_output: Path) -> None:
           f"on this host: {', '.join(local_rules)}")
 
 
+def _named(rel: Path) -> str:
+    """A table's path, with the kept run's name (``history/<time>__<commit>__<digest>/``) as ``history/<run>/``:
+    each run names its own."""
+    parts = rel.parts
+    return str(Path("history", "<run>", *parts[2:])) if len(parts) > 2 and parts[0] == "history" else str(rel)
+
+
 def csv_columns(root: Path) -> dict[str, list[str]]:
-    return {str(p.relative_to(root)): list(pd.read_csv(p, nrows=0).columns) for p in sorted(root.rglob("*.csv"))}
+    return {_named(p.relative_to(root)): list(pd.read_csv(p, nrows=0).columns) for p in sorted(root.rglob("*.csv"))}
 
 
 def check_schema(reference: Path, slurm: Path) -> None:
