@@ -199,11 +199,6 @@ def memory_problems(config: Mapping[str, Any], limit: tuple[int, str] | None = N
             for n, what in found if n > limit_bytes]
 
 
-def _gpu_auto(section: Mapping[str, Any], key: str, gpu_value: int) -> int:
-    value = section.get(key, "auto")
-    return gpu_value if value == "auto" else int(value)
-
-
 def bench_seconds(config: Mapping[str, Any]) -> list[tuple[float, str, str]]:
     """A benchmark cell spreads its cases' blocks over at least ``timing.min_span_s``."""
     span = (config.get("timing") or {}).get("min_span_s", "auto")
@@ -232,7 +227,7 @@ def llm_seconds(config: Mapping[str, Any]) -> list[tuple[float, str, str]]:
     every weight once at the fastest memory there is."""
     llm = config.get("llm") or {}
     engines = len(llm.get("engines") or [None])
-    tokens = engines * int(llm.get("reps", 3)) * _gpu_auto(llm, "gen_tokens", 128)
+    tokens = engines * int(llm.get("reps", 3)) * _explicit(llm, "gen_tokens", 128)
     plural = "s" * (engines != 1)
     found = []
     for weight_bytes, what in llm_bytes(llm):
@@ -266,11 +261,11 @@ def time_problems(config: Mapping[str, Any], overrides: Mapping[str, float] | No
     if not targets:
         return []
     name, spec = min(targets.items(), key=lambda item: int(item[1]["runtime_min"]))
+    default = float(spec["runtime_min"]), f"targets.{name}.runtime_min"
+    overrides = overrides or {}
     problems = []
     for seconds, rule, what in time_estimates(config):
-        minutes, source = float(spec["runtime_min"]), f"targets.{name}.runtime_min"
-        if rule in (overrides or {}):
-            minutes, source = overrides[rule], f"the runtime set for rule {rule}"
+        minutes, source = (overrides[rule], f"the runtime set for rule {rule}") if rule in overrides else default
         if seconds > minutes * 60:
             problems.append(f"{rule}: {what} needs at least {seconds / 60:,.1f} min; the limit is {minutes:,.0f} "
                             f"min, {source}")
