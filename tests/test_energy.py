@@ -212,8 +212,24 @@ def test_the_flush_energy_is_measured_once_per_size(monkeypatch):
 
 def test_measure_with_a_frozen_counter_says_so(monkeypatch):
     monkeypatch.setattr(energy, "counter", lambda backend: Scripted(12.0))
-    timing = measure(lambda: time.sleep(0.01), TimingSettings(min_time_s=0.3, max_wall_s=1.0, flush_cache=False))
+    timing = measure(lambda: time.sleep(0.01), TimingSettings(min_time_s=0.6, max_wall_s=1.0, flush_cache=False))
     assert math.isnan(timing.energy_j) and "(frozen)" in timing.energy_reason
+
+
+def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypatch):
+    """Blocks planned to span under half the counter's update interval would give an unknown anyway: the counter
+    is read around the pilot block only, and the reason says it was not read."""
+    reads = []
+
+    class Counting(AtPower):
+        def read(self) -> float | None:
+            reads.append(1)
+            return super().read()
+
+    monkeypatch.setattr(energy, "counter", lambda backend: Counting(50.0))
+    timing = measure(lambda: time.sleep(0.001), TimingSettings(min_time_s=0.05, max_wall_s=1.0, flush_cache=False))
+    assert math.isnan(timing.energy_j) and timing.energy_reason.endswith("so it was not read")
+    assert len(reads) == 2  # the pilot block's two reads
 
 
 def test_measure_on_a_cpu_carries_the_columns_as_unknown():

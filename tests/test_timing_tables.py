@@ -7,9 +7,19 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gpulab.device import DeviceInfo
 from gpulab.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
 from gpulab.tables import Column, SchemaError, TableSchema, write_atomic
-from gpulab.timing import TIMING_COLUMNS, Measurement, TimingSettings, is_stable, measure, parse_times, summarize
+from gpulab.timing import (
+    TIMING_COLUMNS,
+    Measurement,
+    TimingSettings,
+    flush_bytes,
+    is_stable,
+    measure,
+    parse_times,
+    summarize,
+)
 
 ENV_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "env"
 
@@ -238,3 +248,16 @@ def test_auto_minimum_time_is_shorter_on_a_gpu_whose_repetitions_agree():
     assert TimingSettings().for_device(gpu).min_time_s == GPU_MIN_TIME_S < CPU_MIN_TIME_S
     assert TimingSettings().for_device(cpu).min_time_s == CPU_MIN_TIME_S
     assert TimingSettings(min_time_s=0.5).for_device(gpu).min_time_s == 0.5  # a configured value is kept
+
+
+@pytest.mark.parametrize(("backend", "l2", "memory", "mib"), [
+    ("cuda", 50 * 2**20, 80 * 2**30, 200),  # an H100: four times its L2
+    ("cuda", 0, 80 * 2**30, 512),  # an L2 the runtime did not report
+    ("rocm", 4 * 2**20, 192 * 2**30, 512),  # MI300X: its Infinity Cache is not the reported L2
+    ("cuda", 50 * 2**20, 2 * 2**30, 128),  # a small board: a sixteenth of its memory at most
+])
+def test_the_gpu_flush_reads_more_than_the_last_level_cache(backend, l2, memory, mib):
+    info = DeviceInfo(backend=backend, torch_version="t", hip_version="7.0" if backend == "rocm" else None,
+                      cuda_version="13.0" if backend == "cuda" else None, gpu_available=True,
+                      l2_cache_bytes=l2, total_memory_bytes=memory)
+    assert flush_bytes(info) == mib * 2**20

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 # NVML's counter moves in steps tens of milliseconds apart: timed blocks spanning less than this in all give
 # figures off by more than a tenth (on an H100, 0.1-0.3 s spans gave mean powers of 40 kW on a 700 W board).
 MIN_SPAN_S = 1.0
+# A measurement whose planned blocks span less than this share of MIN_SPAN_S does not read the counter at all.
+SKIP_BELOW = 0.5
 # A counter that has not moved over this long has stopped: its steps are at most about 100 ms apart.
 FROZEN_SPAN_S = 0.25
 # A mean power this far above the board's enforced limit is a counter artefact, never a measurement.
@@ -262,6 +264,13 @@ class Meter:
         self.joules = 0.0
         self.span_s = 0.0
         self.problem = source.reason
+
+    def expect(self, span_s: float) -> None:
+        """Read no more where the blocks still to come will span under SKIP_BELOW of MIN_SPAN_S: the figure would
+        be unknown anyway, and a read can cost milliseconds (NVML's, on some drivers) inside a device's hold."""
+        if not self.problem and span_s < SKIP_BELOW * MIN_SPAN_S:
+            self.problem = (f"the timed blocks span about {span_s:.2g} s, under the counter's update interval "
+                            f"({MIN_SPAN_S} s): too short to attribute its steps to them, so it was not read")
 
     def block(self, run: Callable[[], Any]) -> Any:
         """Run one block between two reads of the counter."""

@@ -32,8 +32,11 @@ import numpy as np
 from gpulab import energy
 from gpulab.device import DeviceInfo, detect, synchronize
 
-# MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU.
+# MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on a GPU whose
+# last-level cache is not its reported L2 (ROCm) or is unknown.
 GPU_FLUSH_BYTES = 512 * 2**20
+# An NVIDIA GPU's L2 is its last-level cache: reading this many times its size evicts it, in less time.
+FLUSH_L2_MULTIPLE = 4
 CPU_FLUSH_BYTES = 64 * 2**20
 # The stability rule: a row breaking any of these is reported as not stable.
 MAX_MEAN_OVER_MEDIAN = 1.10
@@ -186,6 +189,16 @@ def rotation_sets(settings: TimingSettings, info: DeviceInfo, bytes_per_set: int
     return max(1, min(MAX_ROTATION, math.ceil(2 * cache / max(1, bytes_per_set))))
 
 
+def flush_bytes(info: DeviceInfo) -> int:
+    """Bytes the cache flush reads on ``info``'s device (see GPU_FLUSH_BYTES and FLUSH_L2_MULTIPLE)."""
+    if not info.gpu_available:
+        return CPU_FLUSH_BYTES
+    nbytes = GPU_FLUSH_BYTES
+    if info.backend == "cuda" and info.l2_cache_bytes:
+        nbytes = min(nbytes, FLUSH_L2_MULTIPLE * info.l2_cache_bytes)
+    return min(nbytes, info.total_memory_bytes // 16) if info.total_memory_bytes else nbytes
+
+
 class CacheFlusher:
     """Reads a buffer larger than the last-level cache (before each repetition, outside the timer).
 
@@ -201,9 +214,7 @@ class CacheFlusher:
             return
         import torch
 
-        nbytes = GPU_FLUSH_BYTES if info.gpu_available else CPU_FLUSH_BYTES
-        if info.gpu_available and info.total_memory_bytes:
-            nbytes = min(nbytes, info.total_memory_bytes // 16)
+        nbytes = flush_bytes(info)
         # float32: PyTorch's integer sum on a CPU is 50x slower than its vectorised float sum.
         self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=info.torch_device)
         self.sink = torch.zeros((), dtype=torch.float32, device=info.torch_device)
@@ -273,12 +284,14 @@ class Measurement:
         # A pilot block sizes the blocks and is not kept: the first repetitions after the layout moves pay
         # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size.
         self.pilot: list[float] = []
+        self.rep_wall_s = math.nan  # the pilot's wall time a repetition, flush included (unknown without one)
         if self.settings.min_reps >= self.settings.max_reps:
             self.plan = _split(self.settings.max_reps, self.settings.blocks)
         else:
             wall = time.perf_counter()
             self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
-            self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
+            self.rep_wall_s = (time.perf_counter() - wall) / len(self.pilot)
+            self.plan = _block_plan(self.settings, self.pilot, self.rep_wall_s * len(self.pilot))
         self.blocks: list[list[float]] = []
 
     @property
@@ -298,6 +311,8 @@ class Measurement:
 
     def step(self) -> None:
         """Time the next block."""
+        if not self.blocks and not math.isnan(self.rep_wall_s):
+            self.timer.meter.expect(self.rep_wall_s * sum(self.plan))
         self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
 
     def timing(self) -> Timing:
