@@ -218,7 +218,7 @@ def test_measure_with_a_frozen_counter_says_so(monkeypatch):
 
 def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypatch):
     """Blocks planned to span under half the counter's update interval would give an unknown anyway: the counter
-    is read around the pilot block only, and the reason says it was not read."""
+    is read around the pilot block and the first block only, and the reason says it was not read."""
     reads = []
 
     class Counting(AtPower):
@@ -229,7 +229,7 @@ def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypa
     monkeypatch.setattr(energy, "counter", lambda backend: Counting(50.0))
     timing = measure(lambda: time.sleep(0.001), TimingSettings(min_time_s=0.05, max_wall_s=1.0, flush_cache=False))
     assert math.isnan(timing.energy_j) and timing.energy_reason.endswith("so it was not read")
-    assert len(reads) == 2  # the pilot block's two reads
+    assert len(reads) == 4  # around the pilot block and the first planned block
 
 
 def test_measure_on_a_cpu_carries_the_columns_as_unknown():

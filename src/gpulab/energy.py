@@ -266,7 +266,7 @@ class Meter:
         self.problem = source.reason
 
     def expect(self, span_s: float) -> None:
-        """Read no more where the blocks still to come will span under SKIP_BELOW of MIN_SPAN_S: the figure would
+        """Read no more where all the blocks together will span under SKIP_BELOW of MIN_SPAN_S: the figure would
         be unknown anyway, and a read can cost milliseconds (NVML's, on some drivers) inside a device's hold."""
         if not self.problem and span_s < SKIP_BELOW * MIN_SPAN_S:
             self.problem = (f"the timed blocks span about {span_s:.2g} s, under the counter's update interval "

@@ -284,14 +284,12 @@ class Measurement:
         # A pilot block sizes the blocks and is not kept: the first repetitions after the layout moves pay
         # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size.
         self.pilot: list[float] = []
-        self.rep_wall_s = math.nan  # the pilot's wall time a repetition, flush included (unknown without one)
         if self.settings.min_reps >= self.settings.max_reps:
             self.plan = _split(self.settings.max_reps, self.settings.blocks)
         else:
             wall = time.perf_counter()
             self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
-            self.rep_wall_s = (time.perf_counter() - wall) / len(self.pilot)
-            self.plan = _block_plan(self.settings, self.pilot, self.rep_wall_s * len(self.pilot))
+            self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
         self.blocks: list[list[float]] = []
 
     @property
@@ -310,10 +308,12 @@ class Measurement:
         self.plan = _split(max(sum(self.plan), blocks), blocks)
 
     def step(self) -> None:
-        """Time the next block."""
-        if not self.blocks and not math.isnan(self.rep_wall_s):
-            self.timer.meter.expect(self.rep_wall_s * sum(self.plan))
+        """Time the next block; after the first, the blocks' span is known well enough to tell whether the energy
+        counter can give a figure (the pilot's few repetitions are dominated by per-block costs)."""
+        start = time.perf_counter()
         self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
+        if len(self.blocks) == 1:
+            self.timer.meter.expect((time.perf_counter() - start) / self.plan[0] * sum(self.plan))
 
     def timing(self) -> Timing:
         samples = [t for block in self.blocks for t in block]
