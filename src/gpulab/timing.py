@@ -32,11 +32,10 @@ import numpy as np
 from gpulab import energy
 from gpulab.device import DeviceInfo, detect, synchronize
 
-# MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on a GPU whose
-# last-level cache is not its reported L2 (ROCm) or is unknown.
+# MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU. Not less on a
+# GPU with a smaller cache either: the flush is also the host's head start, the time it has to issue a launch-bound
+# op's kernels before the device reaches them (docs/decisions.md, "Energy reads and the flush held the device").
 GPU_FLUSH_BYTES = 512 * 2**20
-# An NVIDIA GPU's L2 is its last-level cache: reading this many times its size evicts it, in less time.
-FLUSH_L2_MULTIPLE = 4
 CPU_FLUSH_BYTES = 64 * 2**20
 # The stability rule: a row breaking any of these is reported as not stable.
 MAX_MEAN_OVER_MEDIAN = 1.10
@@ -190,13 +189,10 @@ def rotation_sets(settings: TimingSettings, info: DeviceInfo, bytes_per_set: int
 
 
 def flush_bytes(info: DeviceInfo) -> int:
-    """Bytes the cache flush reads on ``info``'s device (see GPU_FLUSH_BYTES and FLUSH_L2_MULTIPLE)."""
+    """Bytes the cache flush reads on ``info``'s device: GPU_FLUSH_BYTES, at most a sixteenth of a GPU's memory."""
     if not info.gpu_available:
         return CPU_FLUSH_BYTES
-    nbytes = GPU_FLUSH_BYTES
-    if info.backend == "cuda" and info.l2_cache_bytes:
-        nbytes = min(nbytes, FLUSH_L2_MULTIPLE * info.l2_cache_bytes)
-    return min(nbytes, info.total_memory_bytes // 16) if info.total_memory_bytes else nbytes
+    return min(GPU_FLUSH_BYTES, info.total_memory_bytes // 16) if info.total_memory_bytes else GPU_FLUSH_BYTES
 
 
 class CacheFlusher:

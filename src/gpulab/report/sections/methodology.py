@@ -28,7 +28,6 @@ from gpulab.timing import (
     CPU_MAX_WALL_S,
     CPU_MIN_SPAN_S,
     CPU_MIN_TIME_S,
-    FLUSH_L2_MULTIPLE,
     GPU_FLUSH_BYTES,
     GPU_MAX_WALL_S,
     GPU_MIN_SPAN_S,
@@ -231,7 +230,6 @@ def build(ctx: Any) -> dict[str, Any] | None:
     return {
         "timing": timing,
         "gpu_flush_mib": GPU_FLUSH_BYTES // 2**20,
-        "l2_multiple": FLUSH_L2_MULTIPLE,
         "cpu_flush_mib": CPU_FLUSH_BYTES // 2**20,
         "spans": f"{CPU_MIN_SPAN_S:g} s (CPU) or {GPU_MIN_SPAN_S:g} s (GPU)",
         "min_times": f"{GPU_MIN_TIME_S:g} s (GPU) or {CPU_MIN_TIME_S:g} s (CPU)",
