@@ -504,6 +504,15 @@ class Ceilings:
                    float(top["p90_ms"]) / float(top["p10_ms"]))
 
 
+def with_regimes(table: pd.DataFrame) -> pd.DataFrame:
+    """The ceilings table with each memory row's ``regime`` (per target: ``latency`` where the best method at that
+    size is below half the pattern's plateau); a table from before ``best`` existed as it is."""
+    if table.empty or "best" not in table.columns:
+        return table
+    parts = [Ceilings(group).regimes() for _, group in table.groupby("target", sort=False)]
+    return table.assign(regime=pd.concat(parts))
+
+
 def pct_of(value: float, ceiling: float) -> float:
     """Percentage of a ceiling; NaN when either is unknown. The ratio first: a row that set its own ceiling is
     then exactly 100 (100 * x / x can round to 100.00000000000001, a figure above its ceiling)."""

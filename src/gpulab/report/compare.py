@@ -24,12 +24,13 @@ microseconds is itself noisy, which the time alone is not. Requiring both keeps 
 that of either (an intersection-union test); ``change_pct`` stays the change of the time, beside
 ``relative_change_pct`` and ``reference_change_pct``.
 
-A latency-bound case (the bench tables' ``regime``: its ceiling at that size is below half the plateau, so a
-launch, not bandwidth, sets its time) is judged against its own minimum effect: the larger of
-:data:`LATENCY_MIN_EFFECT` and half the interdecile range of its repetitions (either run). Its time is a few
-microseconds of launch overhead that two devices of one kind (other host CPUs, clocks, drivers) differ by beyond
-any run's own noise, which the confidence interval cannot see; a significant change below that minimum is
-"ambiguous", never a regression (docs/decisions.md, "A compare rule an A/A pair never fails").
+Two devices of one kind (other host CPUs, clocks, drivers) differ on short calls beyond any run's own noise,
+which the confidence interval cannot see, so each case has its own minimum effect; a significant change below it
+is "ambiguous", never a regression (docs/decisions.md, "A compare rule an A/A pair never fails"):
+:data:`FLOOR_SHARE` of the launch floor (the shortest call of either run's ceilings table) over the case's
+median, and for a latency-bound case (``regime``: its ceiling at that size is below half the plateau, so a launch,
+not bandwidth, sets its time; the ceilings table's rows get theirs from the table) at least
+:data:`LATENCY_MIN_EFFECT` and half the interdecile range of its repetitions (either run).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gpulab.ceilings import with_regimes
 from gpulab.report.results import key_columns, number
 from gpulab.timing import parse_blocks
 
@@ -65,9 +67,13 @@ FLAGGED = (SLOWER, STATUS_CHANGED, FASTER)
 MIN_EFFECT = 0.03  # smallest change of the median worth flagging (fraction)
 MIN_REPS = 5  # fewer repetitions on either side: no verdict
 # Smallest change of a latency-bound case's median that is flagged: two H100s measuring one build differed by up to
-# 5.4% on such cases (docs/decisions.md); twice that is where a change is the kernel's, not the device's.
-LATENCY_MIN_EFFECT = 0.10
+# 13% on such cases (docs/decisions.md); half as much again is where a change is the kernel's, not the device's.
+LATENCY_MIN_EFFECT = 0.20
+# Share of the device's launch floor (its shortest timed call) a case's change must exceed: two H100s measuring one
+# build differed by 0.5-0.8 µs a call on short bandwidth-bound cases, up to 18% of their 4.3 µs floor.
+FLOOR_SHARE = 0.25
 LATENCY = "latency"
+CEILINGS_TABLE = "bench/ceilings.csv"
 BOOTSTRAP_RESAMPLES = 2000
 # Chunks a row recorded as one block is cut into (its repetitions are in timed order).
 LEGACY_CHUNKS = 8
@@ -300,27 +306,35 @@ def _paired_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: floa
                    relative.ratio, reference)
 
 
-def latency_min_effect(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float) -> float | None:
-    """The minimum effect of a latency-bound case (either run says so; see the module doc), None for others."""
-    if LATENCY not in (a.get("regime"), b.get("regime")):
-        return None
-    spreads = [(number(r.get("p90_ms")) - number(r.get("p10_ms"))) / (2 * number(r.get("median_ms"))) for r in (a, b)]
-    return max([min_effect, LATENCY_MIN_EFFECT, *(x for x in spreads if x == x and x > 0)])
+def case_min_effect(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float,
+                    floor_ms: float = math.nan) -> tuple[float, str]:
+    """A case's own minimum effect and why it is above ``min_effect`` ('' where it is not): a latency-bound case's
+    (either run says so), and for every case :data:`FLOOR_SHARE` of the launch floor over its median (module doc)."""
+    found = [(min_effect, "")]
+    if LATENCY in (a.get("regime"), b.get("regime")):
+        spreads = [(number(r.get("p90_ms")) - number(r.get("p10_ms"))) / (2 * number(r.get("median_ms")))
+                   for r in (a, b)]
+        found += [(x, "latency-bound") for x in (LATENCY_MIN_EFFECT, *spreads) if x == x and x > 0]
+    medians = [m for m in (number(a.get("median_ms")), number(b.get("median_ms"))) if m == m and m > 0]
+    if floor_ms == floor_ms and medians:
+        found.append((FLOOR_SHARE * floor_ms / min(medians),
+                      f"{1e3 * min(medians):.1f} µs a call, near the device's launch floor ({1e3 * floor_ms:.1f} µs)"))
+    return max(found, key=lambda item: item[0])
 
 
-def _latency_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float) -> Verdict:
-    """The verdict, with a latency-bound case's significant change below its own minimum effect ambiguous."""
+def _own_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float, floor_ms: float) -> Verdict:
+    """The verdict, with a significant change below the case's own minimum effect ambiguous."""
     verdict = _paired_verdict(a, b, min_effect)
-    own = latency_min_effect(a, b, min_effect)
-    if own is None or verdict.verdict not in (SLOWER, FASTER) or abs(verdict.ratio - 1) >= own:
+    own, why = case_min_effect(a, b, min_effect, floor_ms)
+    if not why or verdict.verdict not in (SLOWER, FASTER) or abs(verdict.ratio - 1) >= own:
         return verdict
-    note = (f"latency-bound: {100 * (verdict.ratio - 1):+.1f}% is significant but below this case's minimum effect "
+    note = (f"{why}: {100 * (verdict.ratio - 1):+.1f}% is significant but below this case's minimum effect "
             f"({100 * own:.0f}%), within what two devices of one kind differ by")
     return Verdict(AMBIGUOUS, verdict.ratio, verdict.ci_low, verdict.ci_high,
                    "; ".join(n for n in (verdict.note, note) if n), verdict.relative, verdict.reference)
 
 
-def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
+def _judge(row: Mapping[str, Any], min_effect: float, floor_ms: float) -> Verdict:
     if row["_merge"] == "left_only":
         return Verdict(ONLY_A, math.nan, math.nan, math.nan)
     if row["_merge"] == "right_only":
@@ -330,12 +344,12 @@ def _judge(row: Mapping[str, Any], min_effect: float) -> Verdict:
         return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
     if status_a is not None and status_a != "ok":
         return Verdict(WITHIN, math.nan, math.nan, math.nan, f"{status_a} in both runs")
-    return _latency_verdict({k[:-2]: v for k, v in row.items() if k.endswith("_a")},
-                            {k[:-2]: v for k, v in row.items() if k.endswith("_b")}, min_effect)
+    return _own_verdict({k[:-2]: v for k, v in row.items() if k.endswith("_a")},
+                        {k[:-2]: v for k, v in row.items() if k.endswith("_b")}, min_effect, floor_ms)
 
 
 def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = None,
-               min_effect: float = MIN_EFFECT) -> pd.DataFrame:
+               min_effect: float = MIN_EFFECT, floor_ms: float = math.nan) -> pd.DataFrame:
     """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) and judge each.
 
     Columns: the keys, ``verdict``, ``change_pct`` of the median time (positive: slower; per-token time
@@ -356,7 +370,7 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     left = left.rename(columns={c: f"{c}_a" for c in keep if c in left.columns})
     right = right.rename(columns={c: f"{c}_b" for c in keep if c in right.columns})
     merged = left.merge(right, on=keys, how="outer", indicator=True)
-    judged = [_judge(row, min_effect) for row in merged.to_dict("records")]
+    judged = [_judge(row, min_effect, floor_ms) for row in merged.to_dict("records")]
     merged = merged.drop(columns="_merge")
     merged["verdict"] = [v.verdict for v in judged]
     merged["change_pct"] = [100.0 * (v.ratio - 1.0) for v in judged]
@@ -380,6 +394,31 @@ def regressions(deltas: pd.DataFrame) -> pd.DataFrame:
     return deltas[(deltas["verdict"] == SLOWER) | lost]
 
 
+def launch_floor_ms(tables: Mapping[str, pd.DataFrame]) -> float:
+    """A run's launch floor: the shortest median of its ceilings table (a copy or add of a few hundred KiB, a launch
+    and little else); NaN without one."""
+    table = tables.get(CEILINGS_TABLE)
+    if table is None or not {"status", "median_ms"} <= set(table.columns):
+        return math.nan
+    times = pd.to_numeric(table.loc[table["status"] == "ok", "median_ms"], errors="coerce")
+    return float(times.min()) if times.notna().any() else math.nan
+
+
+def artifact_deltas(name: str, old: Mapping[str, pd.DataFrame], new: Mapping[str, pd.DataFrame],
+                    min_effect: float = MIN_EFFECT) -> pd.DataFrame:
+    """One artifact of a target judged in two runs (``old``, ``new``: each run's tables of the target by name), each
+    case against the larger of the two runs' launch floors."""
+    floors = [f for f in (launch_floor_ms(old), launch_floor_ms(new)) if f == f]
+    return run_deltas(_with_regime(name, old[name]), _with_regime(name, new[name]), min_effect=min_effect,
+                      floor_ms=max(floors, default=math.nan))
+
+
+def _with_regime(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """The ceilings table records no regime: its rows get the one of their pattern, dtype and size, so its
+    latency-bound sizes are judged as the benchmark cells' are."""
+    return with_regimes(table) if name == CEILINGS_TABLE else table
+
+
 def compare_runs(baseline: Any, new: Any, min_effect: float = MIN_EFFECT) -> pd.DataFrame:
     """Every measured artifact of every target both runs have (two ``ResultsIndex``), judged cell by cell."""
     from gpulab.report.results import is_measured
@@ -390,7 +429,7 @@ def compare_runs(baseline: Any, new: Any, min_effect: float = MIN_EFFECT) -> pd.
         for name in sorted(set(old) & set(now)):
             if name.startswith("env/") or not (is_measured(old[name]) and is_measured(now[name])):
                 continue
-            deltas = run_deltas(old[name], now[name], min_effect=min_effect)
+            deltas = artifact_deltas(name, old, now, min_effect)
             frames.append(deltas.assign(artifact=name, target=target))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["target", "artifact", "verdict"])
 

@@ -262,9 +262,10 @@ def key_columns(df: pd.DataFrame) -> list[str]:
     if "target" in df.columns:
         keys.append("target")
     if not keys or df.duplicated(subset=keys).any():
-        # The GPU's state around a row (clocks, temperature) is a condition of the measurement, not its name:
-        # as a key it would match no ceiling of one GPU run with the same ceiling of the next.
-        skip = set(keys) | set(METADATA_COLUMNS) | set(TIMING_COLUMNS) | {c.name for c in STATE_COLUMNS} | {"source"}
+        # The GPU's state around a row (clocks, temperature) is a condition of the measurement, not its name,
+        # and its regime a reading of it: as keys they would match no ceiling of one GPU run with the next's.
+        skip = (set(keys) | set(METADATA_COLUMNS) | set(TIMING_COLUMNS) | {c.name for c in STATE_COLUMNS}
+                | {"source", "regime"})
         extra = [c for c in df.columns if c not in skip and not pd.api.types.is_numeric_dtype(df[c])
                  and not pd.api.types.is_bool_dtype(df[c])]
         keys += extra

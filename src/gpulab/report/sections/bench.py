@@ -13,7 +13,7 @@ import pandas as pd
 
 from gpulab.bench.ops import OPS as OP_SPECS
 from gpulab.bench.registry import BASELINE
-from gpulab.ceilings import Ceilings
+from gpulab.ceilings import with_regimes
 from gpulab.dtypes import ITEMSIZE
 from gpulab.report import plots
 
@@ -122,12 +122,9 @@ def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[st
 
 
 def with_regime(ceilings: pd.DataFrame) -> pd.DataFrame:
-    """The ceilings table with each memory row's regime (per target: latency-bound where the best method
-    at that size is below half the pattern's plateau); older tables without ``best`` as they are."""
-    if ceilings.empty or "best" not in ceilings.columns:
-        return ceilings
-    parts = [Ceilings(group).regimes() for _, group in ceilings.groupby("target", sort=False)]
-    return ceilings.assign(regime=regime_label(pd.concat(parts)))
+    """The ceilings table with each memory row's regime as the report says it (``ceilings.with_regimes``)."""
+    table = with_regimes(ceilings)
+    return table.assign(regime=regime_label(table["regime"])) if "regime" in table.columns else table
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:

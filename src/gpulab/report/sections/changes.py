@@ -23,8 +23,8 @@ from gpulab.report.compare import (
     STATUS_CHANGED,
     VERDICTS,
     WITHIN,
+    artifact_deltas,
     env_differences,
-    run_deltas,
 )
 from gpulab.report.plots import ratio_strip
 from gpulab.report.results import is_measured
@@ -45,7 +45,7 @@ def _artifact(name: str, old: dict[str, pd.DataFrame], new: dict[str, pd.DataFra
         return {"name": name, "only": "baseline" if name in old else "this run",
                 "counts": {}, "flagged": pd.DataFrame(), "all": pd.DataFrame()}
     a, b = old[name], new[name]
-    deltas = run_deltas(a, b, min_effect=min_effect)
+    deltas = artifact_deltas(name, old, new, min_effect)
     if not (is_measured(a) and is_measured(b)):
         # Nothing timed to compare: only a changed outcome (a check that now fails) is news.
         deltas = deltas[deltas["verdict"] == STATUS_CHANGED]
