@@ -198,7 +198,8 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--config", help="config file (default: ./config.yaml)")
     compare.add_argument("--title", help="page title")
     compare.add_argument("--min-effect", type=float, default=3.0, metavar="PCT",
-                         help="smallest change of a median, in percent, that is flagged (default: %(default)s)")
+                         help="smallest change of a median, in percent, that is flagged (default: %(default)s); "
+                              "calls near the launch floor and latency-bound cases need more (docs/guide/compare.md)")
     compare.add_argument("--fail-on", choices=["regression"],
                          help="exit 1 when a cell is significantly slower or stopped being ok (for CI jobs)")
     compare.set_defaults(run=_compare)
