@@ -49,6 +49,7 @@ from gpulab.ceilings import (
     STATE_COLUMNS,
     Ceilings,
     Hit,
+    ceiling_rate,
     placement,
     raised_rows,
     reference_closures,
@@ -133,7 +134,8 @@ BENCH = TableSchema(
         Column("reference_method", "str", "the pattern's reference method timed beside the case, a block of it "
                "after each of the case's (timing.reference; empty where off): memcpy | torch.add"),
         Column("reference_gbps", "float", "the reference's GB/s at the case's tensor size and dtype, in the case's "
-               "span; where above the ceilings job's figure it is the row's ceiling"),
+               "span, at its fastest decile as every ceiling method; where above the ceilings job's figure it is the "
+               "row's ceiling"),
         Column("reference_times_ms", "str", "the reference's repetition times, blocks separated by | and paired "
                "with the case's: gpulab compare judges the case's time relative to them"),
         *STATE_COLUMNS,
@@ -266,7 +268,7 @@ def _with_reference(case: Case, row: dict[str, Any], ceiling: Hit) -> tuple[dict
         return row, ceiling
     stats = summarize(parse_times(row["reference_times_ms"]))
     tensor_bytes = _tensor_bytes(case)
-    reference = PATTERN_TRANSFERS[op_spec(case.op).pattern] * tensor_bytes / (stats["median_ms"] / 1e3) / 1e9
+    reference = ceiling_rate(PATTERN_TRANSFERS[op_spec(case.op).pattern] * tensor_bytes, stats)
     if not math.isnan(ceiling.gbps) and reference > ceiling.gbps:
         ceiling = Hit(reference, tensor_bytes, f"{row['reference_method']} {BESIDE_THE_CASE}",
                       stats["p90_ms"] / stats["p10_ms"], ceiling.plateau)

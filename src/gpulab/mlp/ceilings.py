@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpulab.ceilings import Gemm, mark_best, matmul_modes, measure_matmul, timed_row, with_state
+from gpulab.ceilings import Gemm, ceiling_rate, mark_best, matmul_modes, measure_matmul, timed_row, with_state
 from gpulab.device import DeviceInfo, detect
 from gpulab.mlp.model import VARIANTS
 from gpulab.timing import TimingSettings
@@ -59,5 +59,5 @@ def measure_mlp_path(modes: Sequence[str], batch: int, dim: int, timing: TimingS
             row = with_state(info, lambda step=step: [timed_row([step], timing, info)])[0]
         rows.append({"kind": "matmul", "dtype": variant.ceiling_dtype, "size": f"{batch}x{dim}x{dim}",
                      "method": f"linear fwd+bwd ({variant.name})", **row,
-                     "tflops": 3 * 2 * batch * dim * dim / (row["median_ms"] / 1e3) / 1e12})
+                     "tflops": ceiling_rate(3 * 2 * batch * dim * dim, row, 1e12)})
     return rows
