@@ -931,8 +931,10 @@ def test_triton_ceiling_kernels_are_correct_in_the_interpreter():
     code = (
         "import torch\n"
         "from gpulab.kernels.triton import ceiling\n"
-        "x = torch.randn(98432); y = torch.randn(98432)\n"
-        "for block, warps in ceiling.sweep()[:2]:\n"
+        "shapes = [(n, block, warps) for n in (98432, 65536) for block, warps in ceiling.sweep()[:2]]\n"
+        "assert any(n % block for n, block, _ in shapes) and any(not n % block for n, block, _ in shapes)\n"
+        "for n, block, warps in shapes:  # masked and unmasked (EVEN) launches\n"
+        "    x = torch.randn(n); y = torch.randn(n)\n"
         "    out = torch.empty_like(x); partial = torch.empty(-(-x.numel() // block))\n"
         "    assert torch.equal(ceiling.copy(x, out, block, warps), x)\n"
         "    assert torch.equal(ceiling.add(x, y, out, block, warps), x + y)\n"
