@@ -3,8 +3,7 @@
 ``read`` (one read: a block-wise sum), ``copy`` (one read, one write) and ``add`` (two reads, one write),
 each launched with an explicit block size and warp count so ``gpulab.ceilings`` can sweep a few
 configurations and keep the best. No autotuning here: the sweep is the caller's, and every configuration
-it tries is recorded. Where the block divides the size the loads and stores carry no bounds mask (``EVEN``), as
-Inductor's generated kernels do for such sizes: a ceiling must not lose to a kernel by a check it could skip.
+it tries is recorded.
 """
 
 from __future__ import annotations
@@ -41,34 +40,24 @@ def _offsets(n_elements, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def read_kernel(x_ptr, partial_ptr, n_elements, OFFSETS_64: tl.constexpr, EVEN: tl.constexpr, BLOCK: tl.constexpr):
+def read_kernel(x_ptr, partial_ptr, n_elements, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr):
     offsets, mask = _offsets(n_elements, OFFSETS_64, BLOCK)
-    if EVEN:
-        x = tl.load(x_ptr + offsets).to(tl.float32)
-    else:
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     tl.store(partial_ptr + tl.program_id(axis=0), tl.sum(x, axis=0))
 
 
 @triton.jit
-def copy_kernel(x_ptr, out_ptr, n_elements, OFFSETS_64: tl.constexpr, EVEN: tl.constexpr, BLOCK: tl.constexpr):
+def copy_kernel(x_ptr, out_ptr, n_elements, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr):
     offsets, mask = _offsets(n_elements, OFFSETS_64, BLOCK)
-    if EVEN:
-        tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
-    else:
-        tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
 
 
 @triton.jit
-def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, OFFSETS_64: tl.constexpr, EVEN: tl.constexpr,
-               BLOCK: tl.constexpr):
+def add_kernel(x_ptr, y_ptr, out_ptr, n_elements, OFFSETS_64: tl.constexpr, BLOCK: tl.constexpr):
     offsets, mask = _offsets(n_elements, OFFSETS_64, BLOCK)
-    if EVEN:
-        tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + tl.load(y_ptr + offsets))
-    else:
-        x = tl.load(x_ptr + offsets, mask=mask)
-        y = tl.load(y_ptr + offsets, mask=mask)
-        tl.store(out_ptr + offsets, x + y, mask=mask)
+    x = tl.load(x_ptr + offsets, mask=mask)
+    y = tl.load(y_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
 def _grid(n: int, block: int) -> tuple[int]:
@@ -79,24 +68,20 @@ def _wide(n: int, block: int) -> bool:
     return triton.cdiv(n, block) * block >= 2**31
 
 
-def _shape(n: int, block: int) -> dict[str, bool | int]:
-    return {"OFFSETS_64": _wide(n, block), "EVEN": n % block == 0, "BLOCK": block}
-
-
 def read(x: torch.Tensor, partial: torch.Tensor, block: int, warps: int) -> torch.Tensor:
     """Per-block float32 sums of ``x`` into ``partial`` (``cdiv(numel, block)`` elements)."""
     n = x.numel()
-    read_kernel[_grid(n, block)](x, partial, n, **_shape(n, block), num_warps=warps)
+    read_kernel[_grid(n, block)](x, partial, n, OFFSETS_64=_wide(n, block), BLOCK=block, num_warps=warps)
     return partial
 
 
 def copy(x: torch.Tensor, out: torch.Tensor, block: int, warps: int) -> torch.Tensor:
     n = x.numel()
-    copy_kernel[_grid(n, block)](x, out, n, **_shape(n, block), num_warps=warps)
+    copy_kernel[_grid(n, block)](x, out, n, OFFSETS_64=_wide(n, block), BLOCK=block, num_warps=warps)
     return out
 
 
 def add(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, block: int, warps: int) -> torch.Tensor:
     n = x.numel()
-    add_kernel[_grid(n, block)](x, y, out, n, **_shape(n, block), num_warps=warps)
+    add_kernel[_grid(n, block)](x, y, out, n, OFFSETS_64=_wide(n, block), BLOCK=block, num_warps=warps)
     return out
