@@ -60,8 +60,8 @@ def rope(x, cos, sin):
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
-heads, kv, d, max_len, tokens = 4, 2, 32, 16, 5
-for dtype in (torch.float32, torch.float16):
+heads, kv, d, max_len = 4, 2, 32, 48
+for tokens, dtype in ((5, torch.float32), (5, torch.float16), (1, torch.float32), (37, torch.float16)):
     qkv = (torch.randn(1, tokens, (heads + 2 * kv) * d) * 3).to(dtype)
     angle = torch.rand(tokens, d // 2) * 6.3
     cos, sin = angle.cos().repeat(1, 2).to(dtype), angle.sin().repeat(1, 2).to(dtype)

@@ -10,11 +10,11 @@ float32 (online softmax: a running max and sum), and writes its partial output w
 ``decode_attention_combine_kernel`` rescales and adds the chunks of each head.
 
 Before them, ``decode_rope_kernel`` takes the new token's raw q/k/v product: it rotates q (RoPE) and stores the
-rotated k and v into the caches, one program per head (and per token: a prompt's prefill takes its rotated q
-and cache write from it too, :func:`rope_into_cache`). That is one kernel where a compiled PyTorch step had
-three (3.4 us a layer on the H100 for a 7B model, launch gaps not counted). Folding RoPE into the split kernel
-instead was tried: Triton then computed the rotated q in the products' operand layout, 252 registers a thread
-on sm_90 (55 without) and spills on RDNA.
+rotated k and v into the caches, one program per head; a prompt's prefill takes its rotated q and cache write from
+``prefill_rope_kernel``, the same work a block of tokens per program (:func:`rope_into_cache`). That is one kernel
+where a compiled PyTorch step had three (3.4 us a layer on the H100 for a 7B model, launch gaps not counted).
+Folding RoPE into the split kernel instead was tried: Triton then computed the rotated q in the products' operand
+layout, 252 registers a thread on sm_90 (55 without) and spills on RDNA.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 BLOCK_N = 32  # cache positions per product: tl.dot needs 16 or more
 MAX_SPLITS = 64  # chunks per KV head: the combine kernel holds one partial row of each
+PREFILL_ROPE_TOKENS = 16  # a prompt's tokens per RoPE program: a (16, head_dim) tile
 
 
 @triton.jit
@@ -53,6 +54,34 @@ def _rope(x_ptr, cos_ptr, sin_ptr, half, mask, HALF: tl.constexpr, DTYPE: tl.con
     out_lo = lo * tl.load(cos_ptr + half).to(tl.float32) - hi * tl.load(sin_ptr + half).to(tl.float32)
     out_hi = hi * tl.load(cos_ptr + HALF + half).to(tl.float32) + lo * tl.load(sin_ptr + HALF + half).to(tl.float32)
     return out_lo.to(DTYPE), out_hi.to(DTYPE)
+
+
+@triton.jit
+def prefill_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len, tokens,
+                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+                        PDL: tl.constexpr):
+    """decode_rope_kernel's work for a prompt, BLOCK_T tokens a program: one program per head (axis 0) and block
+    of tokens (axis 1) moves a (BLOCK_T, head_dim) tile, where one token a program moved 256 bytes."""
+    _after_previous(PDL)
+    head = tl.program_id(axis=0)
+    token = tl.program_id(axis=1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = (token < tokens)[:, None]
+    read = tl.minimum(token, tokens - 1)[:, None]  # a last block's rows past the prompt read its last token
+    half = tl.arange(0, HEAD_DIM // 2)[None, :]
+    x = qkv_ptr + read * (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    lo, hi = _rope(x + head * HEAD_DIM + half, cos_ptr + read * HEAD_DIM, sin_ptr + read * HEAD_DIM, half, rows,
+                   HEAD_DIM // 2, k_ptr.dtype.element_ty)
+    if head < HEADS:
+        row = (head * tokens + token[:, None]) * HEAD_DIM
+        tl.store(q_ptr + row + half, lo, mask=rows)
+        tl.store(q_ptr + row + HEAD_DIM // 2 + half, hi, mask=rows)
+    else:
+        kv = head - HEADS
+        row = (kv.to(tl.int64) * max_len + tl.load(pos_ptr + read)) * HEAD_DIM
+        tl.store(k_ptr + row + half, lo, mask=rows)
+        tl.store(k_ptr + row + HEAD_DIM // 2 + half, hi, mask=rows)
+        dims = tl.arange(0, HEAD_DIM)[None, :]
+        tl.store(v_ptr + row + dims, tl.load(x + (HEADS + KV_HEADS + kv) * HEAD_DIM + dims), mask=rows)
 
 
 @triton.jit
@@ -196,8 +225,14 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
     pdl = launch_pdl()
     rope, _, _ = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     q = torch.empty(1, heads, tokens, head_dim, dtype=qkv.dtype, device=qkv.device)
-    decode_rope_kernel[(heads + kv_heads, tokens)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens, **rope,
-                                                   num_warps=1, **({"launch_pdl": True} if pdl else {}))
+    launch = {"launch_pdl": True} if pdl else {}
+    if tokens == 1:
+        decode_rope_kernel[(heads + kv_heads, tokens)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens,
+                                                       **rope, num_warps=1, **launch)
+    else:
+        prefill_rope_kernel[(heads + kv_heads, triton.cdiv(tokens, PREFILL_ROPE_TOKENS))](
+            qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens, **rope, BLOCK_T=PREFILL_ROPE_TOKENS,
+            num_warps=4, **launch)
     return q
 
 

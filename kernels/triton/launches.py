@@ -1,5 +1,5 @@
 """Every kernel launch the benchmark can make, as (kernel, signature, constexprs, num_warps), per target, and
-the LLM fast engine's decode kernels.
+the LLM fast engine's decode kernels (and its prompts' RoPE).
 
 ``gpulab.kernel_compile`` compiles these ahead of time for architectures that are not present. They are
 derived from the same functions the launchers call (``elementwise_shapes``, ``softmax.launch_choice``), so
@@ -16,10 +16,12 @@ from types import ModuleType
 from .aot import DTYPES, Launch, elementwise_launches
 from .config import Target, needs_64bit_offsets
 from .decode_attention import (
+    PREFILL_ROPE_TOKENS,
     decode_attention_combine_kernel,
     decode_attention_kernel,
     decode_rope_kernel,
     launch_constexprs,
+    prefill_rope_kernel,
 )
 from .gemv import CONFIGS as GEMV_CONFIGS
 from .gemv import flags as gemv_flags
@@ -47,10 +49,12 @@ def _llm_decode() -> list[Launch]:
     partials = {"part_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32"}
     rows = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), "*bf16")
     split = f"CHUNK={attend['CHUNK']} SPLITS={attend['SPLITS']}"
+    rope_args = {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr"), "*bf16"), **rows, "pos_ptr": "*i64",
+                 "max_len": "i32", "tokens": "i32"}
     for kernel, signature, constexprs, variant, warps in (
-        (decode_rope_kernel, {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr"), "*bf16"), **rows,
-                              "pos_ptr": "*i64", "max_len": "i32", "tokens": "i32"}, rope,
-         f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS}", 1),
+        (decode_rope_kernel, rope_args, rope, f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS}", 1),
+        (prefill_rope_kernel, rope_args, {**rope, "BLOCK_T": PREFILL_ROPE_TOKENS},
+         f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS} BLOCK_T={PREFILL_ROPE_TOKENS}", 4),
         (decode_attention_kernel, {**rows, "pos_ptr": "*i64", **partials, "max_len": "i32"}, attend, split, 4),
         (decode_attention_combine_kernel, {**partials, "pos_ptr": "*i64", "o_ptr": "*bf16"}, combine, split, 4),
     ):
