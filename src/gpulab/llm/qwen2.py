@@ -228,10 +228,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """``residual + rms_norm(x) @ weight.T + bias``: one token on a GPU is one Triton kernel."""
     if _one_token_on_gpu(x):
         return torch.ops.gpulab_llm.gemv(x, weight, bias, residual, *(norm or (None, 0.0)), False)
-    h = rms_norm(x, *norm) if norm is not None else x
-    if residual is not None and bias is None:  # the residual added in the product's epilogue, not in a pass of its own
-        return torch.addmm(residual.flatten(0, -2), h.flatten(0, -2), weight.t()).view(residual.shape)
-    y = F.linear(h, weight, bias)
+    y = F.linear(rms_norm(x, *norm) if norm is not None else x, weight, bias)
     return y if residual is None else residual + y
 
 
@@ -253,9 +250,9 @@ def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> 
         return torch.ops.gpulab_llm.gemv(gated, wd, None, x, None, 0.0, False)
     product = F.linear(rms_norm(x, *norm), w13)
     if triton_decode(x.device):
-        return linear(torch.ops.gpulab_llm.silu_mul(product), wd, residual=x)
+        return x + F.linear(torch.ops.gpulab_llm.silu_mul(product), wd)
     gate, up = product.chunk(2, dim=-1)
-    return linear(F.silu(gate) * up, wd, residual=x)
+    return x + F.linear(F.silu(gate) * up, wd)
 
 
 def _rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
