@@ -401,6 +401,10 @@ def test_the_ceilings_are_measured_at_the_matrix_sizes_and_the_plateau_only():
                             matrix=sized, device=CPU)
     measured = {(r["kind"], r["tensor_bytes"]) for r in rows if r["kind"] != "matmul" and r["status"] == "ok"}
     assert measured == {("copy", 4000), ("copy", 12000), ("read", 12000), ("add", 12000)}
+    # Every method is rated at its fastest decile (p10 time), not its median.
+    for r in (r for r in rows if r["status"] == "ok"):
+        rate, amount = (r["tflops"], 2 * 64**3 / 1e3) if r["kind"] == "matmul" else (r["gbps"], r["bytes_moved"])
+        assert rate == pytest.approx(amount / r["p10_ms"] / 1e6) and r["p10_ms"] <= r["median_ms"]
 
 
 def test_the_triton_sweep_is_screened_and_only_contenders_are_timed_in_full():
