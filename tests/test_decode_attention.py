@@ -72,8 +72,8 @@ for tokens, dtype in ((5, torch.float32), (5, torch.float16), (1, torch.float32)
     ulp = torch.finfo(dtype).eps
     expect_q = rope(q_raw.view(1, tokens, heads, d).transpose(1, 2), cos.double(), sin.double())
     expect_k = rope(k_raw.view(1, tokens, kv, d).transpose(1, 2), cos.double(), sin.double())
-    assert q.shape == (1, heads, tokens, d) and q.dtype == dtype
-    torch.testing.assert_close(q.double(), expect_q, rtol=ulp, atol=16 * ulp)
+    assert q.shape == (1, tokens, heads, d) and q.dtype == dtype
+    torch.testing.assert_close(q.transpose(1, 2).double(), expect_q, rtol=ulp, atol=16 * ulp)
     torch.testing.assert_close(k[:, :, :tokens].double(), expect_k, rtol=ulp, atol=16 * ulp)
     assert torch.equal(v[:, :, :tokens], v_raw.view(1, tokens, kv, d).transpose(1, 2).to(dtype))
     assert not k[:, :, tokens:].isfinite().any() and not v[:, :, tokens:].isfinite().any()

@@ -231,8 +231,43 @@ def test_rocm_state_is_parsed_from_the_tools_json_layout():
         parse_rocm_state((ENV_FIXTURES / "rocm_smi_no_gpu.stdout").read_text())
 
 
+class _FakeNvml:
+    """pynvml's calls that the state reader makes, answering what the throttled H100 fixture's line says."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return {1: 1980, 2: 2619}[clock]
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 47
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 512340  # milliwatts
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return 0x4
+
+
+def test_nvml_gives_the_state_nvidia_smi_prints_and_is_asked_first(monkeypatch):
+    import gpulab.smi as smi
+
+    from_tool = parse_nvidia_state((ENV_FIXTURES / "nvidia_smi_state_h100_throttled.csv").read_text())
+    assert smi.nvml_state(_FakeNvml(), "handle") == from_tool
+    monkeypatch.setattr(smi, "_nvml", lambda: (_FakeNvml(), "handle"))
+    monkeypatch.setenv("PATH", "/nonexistent")  # nvidia-smi is not asked
+    assert gpu_state("cuda") == {"available": True, **from_tool}
+    broken = _FakeNvml()
+    broken.nvmlDeviceGetTemperature = lambda handle, sensor: 1 / 0
+    monkeypatch.setattr(smi, "_nvml", lambda: (broken, "handle"))
+    assert "nvidia-smi not found" in gpu_state("cuda")["reason"]  # a field NVML lacks: the tool is asked
+
+
 def test_absent_gpu_or_tool_is_recorded_not_raised(monkeypatch):
+    import gpulab.smi as smi
+
     assert gpu_state("cpu") == {"available": False, "reason": "no GPU (cpu backend)"}
+    monkeypatch.setattr(smi, "_nvml", lambda: None)
     monkeypatch.setenv("PATH", "/nonexistent")
     state = gpu_state("cuda")
     assert not state["available"] and "nvidia-smi not found" in state["reason"]

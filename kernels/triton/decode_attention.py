@@ -72,7 +72,7 @@ def prefill_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
     lo, hi = _rope(x + head * HEAD_DIM + half, cos_ptr + read * HEAD_DIM, sin_ptr + read * HEAD_DIM, half, rows,
                    HEAD_DIM // 2, k_ptr.dtype.element_ty)
     if head < HEADS:
-        row = (head * tokens + token[:, None]) * HEAD_DIM
+        row = (token[:, None] * HEADS + head) * HEAD_DIM
         tl.store(q_ptr + row + half, lo, mask=rows)
         tl.store(q_ptr + row + HEAD_DIM // 2 + half, hi, mask=rows)
     else:
@@ -88,7 +88,7 @@ def prefill_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
 def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len, tokens,
                        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr):
     """One program per q head and per KV head (axis 0) of each token (axis 1): the q head rotated into ``q_ptr``
-    laid out (heads, tokens, head_dim); the KV head's k rotated, and its v, stored into the caches at the
+    laid out (tokens, heads, head_dim); the KV head's k rotated, and its v, stored into the caches at the
     token's position."""
     _after_previous(PDL)
     head = tl.program_id(axis=0)
@@ -100,7 +100,7 @@ def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, 
     lo, hi = _rope(qkv_ptr + head * HEAD_DIM + half, cos_ptr, sin_ptr, half, half >= 0, HEAD_DIM // 2,
                    k_ptr.dtype.element_ty)
     if head < HEADS:
-        row = (head * tokens + token) * HEAD_DIM
+        row = (token * HEADS + head) * HEAD_DIM
         tl.store(q_ptr + row + half, lo)
         tl.store(q_ptr + row + HEAD_DIM // 2 + half, hi)
     else:
@@ -208,7 +208,8 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
     """RoPE and the cache write of T tokens: ``qkv`` (1, T, (heads + 2 kv_heads) d) holds their q, k and v before
     RoPE, ``cos``/``sin`` (T, d) their positions' rotary rows, ``pos`` (T,) their positions (a device tensor).
     The caches (1, kv_heads, max_len, d) get the rotated k and the v at those positions; returns the rotated q as
-    (1, heads, T, d) in qkv's dtype."""
+    (1, T, heads, d) in qkv's dtype: attention takes it as (1, heads, T, d) through a transposed view, and
+    cuDNN's and flash attention's output then has the token-major layout the output product reads, with no copy."""
     import torch
 
     _, kv_heads, max_len, head_dim = cache_k.shape
@@ -224,7 +225,7 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
         raise ValueError(f"rope_into_cache needs a power-of-two head size of 16 or more, got {head_dim}")
     pdl = launch_pdl()
     rope, _, _ = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
-    q = torch.empty(1, heads, tokens, head_dim, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(1, tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     launch = {"launch_pdl": True} if pdl else {}
     if tokens == 1:
         decode_rope_kernel[(heads + kv_heads, tokens)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens,

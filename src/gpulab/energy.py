@@ -154,7 +154,7 @@ def _nvml_counter() -> Counter:
     except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
         return Missing(f"NVML did not start: {exc}")
     try:
-        handle = _nvml_handle(pynvml)
+        handle = nvml_handle(pynvml)
         if _mig_enabled(pynvml, handle):
             return Missing("MIG is on: NVML's energy counter is the whole GPU's, shared with the other instances")
         counter = Nvml(pynvml, handle)
@@ -165,7 +165,7 @@ def _nvml_counter() -> Counter:
         return Missing(f"NVML energy counter unavailable: {type(exc).__name__}: {exc}")
 
 
-def _nvml_handle(pynvml: Any) -> Any:
+def nvml_handle(pynvml: Any) -> Any:
     """The NVML device torch measures on: by its UUID (NVML numbers devices ignoring CUDA_VISIBLE_DEVICES), else
     by the first index CUDA_VISIBLE_DEVICES names."""
     try:

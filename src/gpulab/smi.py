@@ -6,6 +6,7 @@ outputs of real machines (tests/fixtures/).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -248,11 +249,45 @@ def parse_rocm_state(text: str) -> dict[str, Any]:
             "throttle": None if throttle is None else ("" if throttle.strip() in ("0", "0x0") else throttle)}
 
 
+def nvml_state(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """The fields of NVIDIA_QUERY from NVML itself, as :func:`parse_nvidia_state` gives them (nvidia-smi reads the
+    same counters through NVML)."""
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
+        or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    bits = int(reasons(handle))
+    return {"sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+            "temp_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+            "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
+            "throttle": ",".join(name for bit, name in NVIDIA_THROTTLE_BITS.items() if bits & bit)}
+
+
+@functools.cache
+def _nvml() -> tuple[Any, Any] | None:
+    """(pynvml, the handle of the GPU torch uses), started once per process; None where NVML is not there."""
+    try:
+        import pynvml
+
+        from gpulab.energy import nvml_handle
+
+        pynvml.nvmlInit()
+        return pynvml, nvml_handle(pynvml)
+    except Exception:  # not installed, no driver, no permission: nvidia-smi is asked instead
+        return None
+
+
 def gpu_state(backend: str, timeout_s: float = 10) -> dict[str, Any]:
-    """Clocks, temperature, power and throttle reasons now, from the vendor tool of ``backend``.
+    """Clocks, temperature, power and throttle reasons now, from the vendor tool of ``backend``. On NVIDIA from
+    NVML where it answers: a cell reads the state before and after each group of cases, and starting nvidia-smi
+    each time held the device for longer than the group's own measurements of small sizes.
 
     Never raises: without a GPU or the tool, ``{"available": False, "reason": ...}``.
     """
+    if backend == "cuda" and (nvml := _nvml()) is not None:
+        try:
+            return {"available": True, **nvml_state(*nvml)}
+        except Exception:  # a field this driver does not report: the tool gives what it can
+            pass
     if backend == "cuda":
         tool = run_tool("nvidia-smi", ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_QUERY)}",
                                        "--format=csv,noheader,nounits"], timeout_s)

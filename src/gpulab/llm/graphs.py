@@ -11,6 +11,7 @@ engine run eager steps, the reason kept in :attr:`Graphs.note` and recorded on e
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,9 +101,13 @@ class Graphs:
         if sampling in self.warmed or not (self.enabled or self.settings.compile):
             return
         try:
+            start = time.perf_counter()
             self._warm(sampling)
+            warmed = time.perf_counter()
             if self.enabled:
                 self.captured[sampling] = self._capture(sampling)
+            log.info("step for %s: warm-up (compiling) %.1f s, capture %.1f s", sampling, warmed - start,
+                     time.perf_counter() - warmed)
         except Exception as exc:  # an inductor, Triton or capture failure must not lose the measurement
             self.note = f"compile/capture failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
             log.warning("%s; running eager steps", self.note)
@@ -159,9 +164,13 @@ class LengthGraphs:
 
     def _capture(self, ids: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         static_ids = ids.clone()
+        start = time.perf_counter()
         warm_on_side_stream(lambda: self.fn(static_ids), WARM_STEPS)
+        warmed = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = self.fn(static_ids)
         torch.cuda.synchronize()
+        log.info("prefill of %d tokens: warm-up (compiling) %.1f s, capture %.1f s", ids.shape[-1], warmed - start,
+                 time.perf_counter() - warmed)
         return graph, static_ids, out

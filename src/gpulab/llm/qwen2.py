@@ -147,7 +147,8 @@ def rotated_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dims:
 
 
 def merge_heads(out: torch.Tensor) -> torch.Tensor:
-    """(1, heads, T, head_dim) -> (1, T, heads * head_dim)."""
+    """(1, heads, T, head_dim) -> (1, T, heads * head_dim): a view where ``out`` is token-major in memory (attention
+    gives its output the layout of its query), else a copy."""
     return out.transpose(1, 2).reshape(1, out.shape[2], -1)
 
 
@@ -159,7 +160,7 @@ def prefill_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, c
     copies read the product at a tenth of the bandwidth), and attention reads K/V from the cache."""
     if split_kv_available(qkv.device, dims.head_dim):
         tokens = qkv.shape[1]
-        q = torch.ops.gpulab_llm.rope_into_cache(qkv, cos, sin, cache_k, cache_v, pos, dims.n_heads)
+        q = torch.ops.gpulab_llm.rope_into_cache(qkv, cos, sin, cache_k, cache_v, pos, dims.n_heads).transpose(1, 2)
         return merge_heads(F.scaled_dot_product_attention(q, cache_k[:, :, :tokens], cache_v[:, :, :tokens],
                                                           is_causal=True, enable_gqa=True))
     q, k, v = rotated_heads(qkv, cos, sin, dims)
@@ -241,18 +242,22 @@ def _silu_mul(x: torch.Tensor) -> torch.Tensor:
 define_op("silu_mul", "(Tensor x) -> Tensor", _silu_mul, lambda x: x.new_empty((*x.shape[:-1], x.shape[-1] // 2)))
 
 
-def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
-    """``x + down(silu(gate(h)) * up(h))`` with ``h = rms_norm(x)``; for one token on a GPU the norm, the
-    gate and up products and the activation are one kernel, the down product and the residual another. A
-    prompt on a GPU takes the activation from Triton's :func:`~gpulab.kernels.triton.gemv.silu_mul`."""
+Stream = tuple[torch.Tensor, torch.Tensor | None]  # the residual stream, and an output still to be added to it
+
+
+def swiglu(x: torch.Tensor, norm: Norm, w13: torch.Tensor, wd: torch.Tensor) -> Stream:
+    """``x + down(silu(gate(h)) * up(h))`` with ``h = rms_norm(x)``, as (x, down(...)): the sum is left to the next
+    layer's norm, which adds it in its own pass. For one token on a GPU the norm, the gate and up products and the
+    activation are one kernel, the down product and the residual another (nothing left to add). A prompt on a
+    GPU takes the activation from Triton's :func:`~gpulab.kernels.triton.gemv.silu_mul`."""
     if _one_token_on_gpu(x):
         gated = torch.ops.gpulab_llm.gemv(x, w13, None, None, *norm, True)
-        return torch.ops.gpulab_llm.gemv(gated, wd, None, x, None, 0.0, False)
+        return torch.ops.gpulab_llm.gemv(gated, wd, None, x, None, 0.0, False), None
     product = F.linear(rms_norm(x, *norm), w13)
     if triton_decode(x.device):
-        return x + F.linear(torch.ops.gpulab_llm.silu_mul(product), wd)
+        return x, F.linear(torch.ops.gpulab_llm.silu_mul(product), wd)
     gate, up = product.chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, wd)
+    return x, F.linear(F.silu(gate) * up, wd)
 
 
 def _rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
@@ -265,7 +270,7 @@ def _rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
 
 define_op("rope_into_cache", "(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) cache_k, Tensor(b!) cache_v, "
           "Tensor pos, int heads) -> Tensor", _rope_into_cache,
-          lambda qkv, cos, sin, cache_k, cache_v, pos, heads: qkv.new_empty((1, heads, qkv.shape[1],
+          lambda qkv, cos, sin, cache_k, cache_v, pos, heads: qkv.new_empty((1, qkv.shape[1], heads,
                                                                              cache_k.shape[-1])))
 
 
@@ -302,23 +307,32 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
 
 
 def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, cache_v: torch.Tensor,
-          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend) -> torch.Tensor:
-    """One decoder layer over ``x`` (1, T, hidden) at positions ``pos`` (T,), writing K/V into the cache:
-    ``attend`` is :func:`prefill_attention` or :func:`decode_attention`."""
+          pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+          pending: torch.Tensor | None = None) -> Stream:
+    """One decoder layer over ``x + pending`` (1, T, hidden) at positions ``pos`` (T,), writing K/V into the
+    cache: ``attend`` is :func:`prefill_attention` or :func:`decode_attention`. Returns the stream as
+    :func:`swiglu` leaves it. The previous layer's ``pending`` output is added here, where a compiled layer
+    fuses the sum into the norm's pass (a prompt's layer, compiled on its own, otherwise ended with a pass of its
+    own for it)."""
+    if pending is not None:
+        x = x + pending
     qkv = linear(x, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps))
     x = linear(attend(qkv, cos, sin, cache_k, cache_v, pos, dims), w.wo, residual=x)
     return swiglu(x, (w.post_norm, dims.eps), w.w13, w.wd)
 
 
 def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
-           run_layer: Callable[..., torch.Tensor] = layer) -> torch.Tensor:
+           run_layer: Callable[..., Stream] = layer) -> torch.Tensor:
     """The last layer's output (1, T, hidden) for ``ids`` (1, T) placed at ``pos`` (T,), the cache filled;
     ``run_layer`` is :func:`layer` or a compiled form of it."""
-    x = F.embedding(ids, weights.embed)
+    embedded = F.embedding(ids, weights.embed)
+    # The stream starts at zero with the embedding pending, so every layer takes the same arguments (a compiled
+    # layer then serves the first layer too).
+    x, pending = torch.zeros_like(embedded), embedded
     cos, sin = weights.cos[pos], weights.sin[pos]
     for index, w in enumerate(weights.layers):
-        x = run_layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend)
-    return x
+        x, pending = run_layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend, pending)
+    return x if pending is None else x + pending
 
 
 def logits(weights: Weights, x: torch.Tensor) -> torch.Tensor:
