@@ -13,8 +13,11 @@ converted with the device's warp size, so every family gets the same elements pe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +63,19 @@ def current_target() -> Target:
         raise RuntimeError(f"Triton kernels need a GPU or TRITON_INTERPRET=1: {info.reason}")
     return Target(backend=TRITON_BACKENDS[info.backend], warp_size=info.warp_size, arch=info.arch or "",
                   units=info.multiprocessor_count)
+
+
+@contextlib.contextmanager
+def parallel_compile() -> Iterator[None]:
+    """Kernels warmed up inside the block (``kernel.warmup``) compile in a thread pool, one thread a core, and the
+    block ends when all are compiled (``triton.AsyncCompileMode``; where this Triton lacks it, each compiles as it
+    is warmed up). An autotuned kernel's first launch otherwise compiles its configurations one after another."""
+    mode = getattr(triton, "AsyncCompileMode", None)
+    if mode is None or interpreted():
+        yield
+        return
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool, mode(pool):
+        yield
 
 
 def launch_pdl() -> bool:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .config import launch_pdl, quick_bench
+from .config import interpreted, launch_pdl, quick_bench
 
 if TYPE_CHECKING:
     import torch
@@ -116,6 +116,30 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     ``silu(x @ gate.T) * (x @ up.T)`` for ``weight`` = [gate; up]; with ``norm`` = (weight, eps) x is first
     RMS-normalised (x / sqrt(mean(x²) + eps) * weight). Float32 accumulation, x's dtype out.
     ``config``: one of CONFIGS instead of the autotuned choice (the interpreter cannot time configs)."""
+    y, args, meta = _launch(x, weight, bias, residual, gated, norm)
+    n = args[6]
+    if config is None:
+        gemv_kernel[lambda m: (triton.cdiv(n, m["BLOCK_N"]),)](*args, **meta)
+    else:
+        gemv_kernel.fn[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args, **meta, **config.kwargs,
+                                                                     num_warps=config.num_warps)
+    return y
+
+
+def warm_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              residual: torch.Tensor | None = None, gated: bool = False,
+              norm: tuple[torch.Tensor, float] | None = None) -> None:
+    """Compile every configuration :func:`gemv` would autotune over for these arguments, launching nothing: inside
+    :func:`~.config.parallel_compile` they compile at once, where the autotuner's first launch compiles them one by
+    one."""
+    if not interpreted():
+        _, args, meta = _launch(x, weight, bias, residual, gated, norm)
+        gemv_kernel.warmup(*args, **meta, grid=(1,))
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+            gated: bool, norm: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, tuple, dict]:
+    """(output, the kernel's arguments, its constexprs and launch options) of one product, the inputs checked."""
     import torch
 
     rows, k = weight.shape
@@ -134,14 +158,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"gemv: norm weight of {norm_weight.numel()} values for {k} inputs")
     args = (x, weight, bias if bias is not None else y, residual if residual is not None else y, norm_weight, y, n, k)
     pdl = launch_pdl()
-    form = flags(bias is not None, residual is not None, gated, eps, pdl)
-    launch = {"launch_pdl": True} if pdl else {}
-    if config is None:
-        gemv_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **form, **launch)
-    else:
-        gemv_kernel.fn[(triton.cdiv(n, config.kwargs["BLOCK_N"]),)](*args, **form, **config.kwargs,
-                                                                     num_warps=config.num_warps, **launch)
-    return y
+    return y, args, {**flags(bias is not None, residual is not None, gated, eps, pdl),
+                     **({"launch_pdl": True} if pdl else {})}
 
 
 @triton.jit

@@ -14,6 +14,7 @@ step's honesty is checked by teacher forcing (:mod:`gpulab.llm.checks`), not by 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -193,6 +194,15 @@ class FastDecoder(Decoder):
 
     def _fallback(self) -> None:
         self.step_fn = decode_one_token
+
+    def prepare(self, *samplings: Sampling) -> None:
+        start = time.perf_counter()
+        try:
+            qwen2.compile_decode_products(self.weights)
+            log.info("the decode products' configurations compiled in %.1f s", time.perf_counter() - start)
+        except Exception as exc:  # the step's first run compiles what is missing, one at a time
+            log.warning("compiling the decode products ahead failed (%s: %s)", type(exc).__name__, exc)
+        super().prepare(*samplings)
 
     @property
     def prefill_note(self) -> str:

@@ -233,6 +233,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if residual is None else residual + y
 
 
+def compile_decode_products(weights: Weights) -> None:
+    """Compile every configuration the decode step's fused products autotune over (:func:`linear`, :func:`swiglu`,
+    the output head), all at once on the host's cores, before the step's first run times them. Compiled one after
+    another at that run, they were most of a cold start of the 7B model's step."""
+    from gpulab.kernels.triton.config import parallel_compile
+    from gpulab.kernels.triton.gemv import warm_gemv
+
+    if not triton_decode(weights.embed.device):
+        return
+    w, dims = weights.layers[0], weights.dims
+    token = weights.embed.new_empty(1, 1, dims.hidden)
+    with parallel_compile():
+        warm_gemv(token, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps))
+        warm_gemv(weights.embed.new_empty(1, 1, dims.n_heads * dims.head_dim), w.wo, residual=token)
+        warm_gemv(token, w.w13, gated=True, norm=(w.post_norm, dims.eps))
+        warm_gemv(weights.embed.new_empty(1, 1, dims.intermediate), w.wd, residual=token)
+        warm_gemv(token, weights.lm_head, norm=(weights.norm, dims.eps))
+
+
 def _silu_mul(x: torch.Tensor) -> torch.Tensor:
     from gpulab.kernels.triton.gemv import silu_mul
 
