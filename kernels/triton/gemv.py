@@ -117,7 +117,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     RMS-normalised (x / sqrt(mean(x²) + eps) * weight). Float32 accumulation, x's dtype out.
     ``config``: one of CONFIGS instead of the autotuned choice (the interpreter cannot time configs)."""
     y, args, meta = _launch(x, weight, bias, residual, gated, norm)
-    n = args[6]
+    n = y.shape[-1]
     if config is None:
         gemv_kernel[lambda m: (triton.cdiv(n, m["BLOCK_N"]),)](*args, **meta)
     else:

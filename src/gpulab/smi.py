@@ -215,6 +215,11 @@ def _float(text: str | None) -> float | None:
     return float(match[0]) if match else None
 
 
+def _throttle_names(bits: int) -> str:
+    """The NVIDIA_THROTTLE_BITS set in a clocks-throttle-reasons mask, comma-separated ('' for none)."""
+    return ",".join(name for bit, name in NVIDIA_THROTTLE_BITS.items() if bits & bit)
+
+
 def parse_nvidia_state(text: str, index: int = 0) -> dict[str, Any]:
     """One GPU's line of ``nvidia-smi --query-gpu=<NVIDIA_QUERY> --format=csv,noheader,nounits``."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
@@ -225,8 +230,7 @@ def parse_nvidia_state(text: str, index: int = 0) -> dict[str, Any]:
         raise ValueError(f"nvidia-smi printed {len(fields)} fields, expected {len(NVIDIA_QUERY)}: {lines[0]!r}")
     reasons = None
     if fields[4].lower().startswith("0x"):
-        bits = int(fields[4], 16)
-        reasons = ",".join(name for bit, name in NVIDIA_THROTTLE_BITS.items() if bits & bit)
+        reasons = _throttle_names(int(fields[4], 16))
     return {"sm_clock_mhz": _float(fields[0]), "mem_clock_mhz": _float(fields[1]), "temp_c": _float(fields[2]),
             "power_w": _float(fields[3]), "throttle": reasons}
 
@@ -254,12 +258,11 @@ def nvml_state(pynvml: Any, handle: Any) -> dict[str, Any]:
     same counters through NVML)."""
     reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) \
         or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-    bits = int(reasons(handle))
     return {"sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
             "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
             "temp_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
             "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
-            "throttle": ",".join(name for bit, name in NVIDIA_THROTTLE_BITS.items() if bits & bit)}
+            "throttle": _throttle_names(int(reasons(handle)))}
 
 
 @functools.cache
