@@ -968,3 +968,62 @@ def test_report_section_goal_verdicts_follow_from_the_numbers(h100_section):
     for r in goals.to_dict("records"):
         met = r["% of ceiling"] >= r["goal %"] and r["% slower than best(native, compile)"] <= 3.0
         assert (r["verdict"] == "met") == met, r
+
+
+# ------------------------------------------------------------------------------ compiling before the claim
+
+
+class _Warmups:
+    """Stands in for a jitted kernel's ``warmup``: records what each call would compile."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def warmup(self, *args, grid, **kwargs) -> None:
+        self.calls.append((args, kwargs))
+
+
+def test_the_triton_cells_compile_exactly_what_the_autotuner_launches_before_the_claim(monkeypatch):
+    from types import SimpleNamespace
+
+    from gpulab.kernels.triton import add, config, gelu, softmax
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    target = config.target_of(gpu(80))
+    for module, kernel, pointers in ((gelu, "gelu_kernel", 2), (add, "add_kernel", 3)):
+        fake = SimpleNamespace(configs=getattr(module, kernel).configs, fn=_Warmups())
+        monkeypatch.setattr(module, kernel, fake)
+        getattr(module, f"warm_{module.__name__.rsplit('.', 1)[1]}")((1000, 7), torch.bfloat16, target)
+        # what the autotuner times on this family, with the options it launches with (Config.all_kwargs)
+        launched = [c.all_kwargs() for c in fake.configs
+                    if (c.kwargs["BLOCK_SIZE"], c.num_warps) in set(config.elementwise_shapes(target))]
+        assert len(launched) == len(config.elementwise_shapes(target))
+        assert [kw for _, kw in fake.fn.calls] == [{"OFFSETS_64": False, **kw} for kw in launched]
+        assert all(args == (torch.bfloat16,) * pointers + (7000,) for args, _ in fake.fn.calls)
+    # softmax compiles the one launch softmax() makes for the shape, with the same arguments' types
+    for shape, kernel in (((4096, 1000), "softmax_kernel"), ((64, 200_000), "softmax_split_kernel")):
+        fake = _Warmups()
+        monkeypatch.setattr(softmax, kernel, fake)
+        softmax.warm_softmax(shape, torch.float16, target)
+        choice = softmax.launch_choice(*shape, 2, target)
+        [(args, meta)] = fake.calls
+        assert meta["num_warps"] == choice.num_warps and meta["BLOCK_N"] == choice.block_n
+        assert args[:2] == (torch.float16, torch.float16) and args[-2:] == (shape[1], shape[1])
+
+
+def test_a_cell_compiles_ahead_on_a_gpu_only_and_a_failure_leaves_it_to_the_first_launch(caplog):
+    from gpulab.bench.runner import compile_ahead
+
+    seen: list = []
+    impl = replace(REGISTRY.get("gelu", "triton"), ahead=lambda cases, info: seen.append((cases, info)))
+    compile_ahead(impl, [(8,), (16,)], ["fp32", "bf16"], CPU)
+    assert seen == []
+    compile_ahead(impl, [(8,), (16,)], ["fp32", "bf16"], gpu(80))
+    [(cases, _)] = seen
+    assert [(c.shape, c.dtype) for c in cases] == [((8,), "fp32"), ((8,), "bf16"), ((16,), "fp32"), ((16,), "bf16")]
+
+    def broken(cases, info):
+        raise RuntimeError("no ptxas")
+
+    compile_ahead(replace(impl, ahead=broken), [(8,)], ["fp32"], gpu(80))
+    assert "compiling ahead failed (RuntimeError: no ptxas)" in caplog.text

@@ -83,3 +83,31 @@ def test_shapes_it_cannot_take_are_refused():
         gemv(torch.zeros(1, 64), torch.zeros(8, 64), norm=(torch.zeros(3), 1e-6))
     with pytest.raises(ValueError, match="contiguous weight"):
         gemv(torch.zeros(1, 64), torch.zeros(64, 8).t())
+
+
+def test_the_decode_products_compile_from_the_config_alone_touching_no_memory(monkeypatch):
+    """Before its job claims the device, the fast engine compiles the five products from the model's dimensions:
+    meta tensors give the shapes, Triton's warmup gets dtypes for pointers, and each product's sizes and flags are
+    those of the step's own launch."""
+    import torch
+
+    from gpulab.kernels.triton import gemv
+    from gpulab.kernels.triton.config import Target
+    from gpulab.llm import qwen2
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    calls = []
+    monkeypatch.setattr(gemv.gemv_kernel, "warmup", lambda *args, grid, **meta: calls.append((args, meta)))
+    dims = qwen2.Dims(n_layers=28, n_heads=28, n_kv=4, head_dim=128, hidden=3584, intermediate=18944,
+                      vocab=152064, eps=1e-6)
+    qwen2.compile_decode_products(dims, torch.bfloat16, Target("cuda", 32, "sm_90", 132))
+    assert [args[-2:] for args, _ in calls] == [(4608, 3584), (3584, 3584), (18944, 3584), (3584, 18944),
+                                                 (152064, 3584)]
+    assert all(isinstance(a, (torch.dtype, int)) for args, _ in calls for a in args)
+    assert all(meta["PDL"] and meta["launch_pdl"] for _, meta in calls)
+    assert [(m["HAS_BIAS"], m["HAS_RESIDUAL"], m["GATED"], m["NORM"]) for _, m in calls] == [
+        (True, False, False, True), (False, True, False, False), (False, False, True, True),
+        (False, True, False, False), (False, False, False, True)]
+    calls.clear()
+    qwen2.compile_decode_products(dims, torch.bfloat16, Target("hip", 64, "gfx942", 304))
+    assert calls and not any(meta["PDL"] or "launch_pdl" in meta for _, meta in calls)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import triton
 import triton.language as tl
 
-from .config import ELEMENTWISE_PRUNE, elementwise_configs, elementwise_out, launch_elementwise, quick_bench
+from .config import (
+    ELEMENTWISE_PRUNE,
+    Target,
+    elementwise_configs,
+    elementwise_out,
+    launch_elementwise,
+    quick_bench,
+    warm_elementwise,
+)
 
 # torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
 if TYPE_CHECKING:
@@ -44,3 +53,8 @@ def add(
     output = elementwise_out("add", x, out)
     launch_elementwise(add_kernel, (x, y, output), output.numel(), block_size, num_warps)
     return output
+
+
+def warm_add(shape: tuple[int, ...], dtype: torch.dtype, target: Target) -> None:
+    """Compile what :func:`add` autotunes over for this shape and dtype on ``target``, launching nothing."""
+    warm_elementwise(add_kernel, 3, dtype, math.prod(shape), target)

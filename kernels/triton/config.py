@@ -58,7 +58,12 @@ def current_target() -> Target:
         return Target(backend="interpreter", warp_size=32)
     from gpulab.device import detect
 
-    info = detect()
+    return target_of(detect())
+
+
+def target_of(info: Any) -> Target:
+    """The Triton target of a detected device (:class:`gpulab.device.DeviceInfo`): from :func:`gpulab.device.probe`,
+    it lets a job compile for the device before claiming it."""
     if not info.gpu_available:
         raise RuntimeError(f"Triton kernels need a GPU or TRITON_INTERPRET=1: {info.reason}")
     return Target(backend=TRITON_BACKENDS[info.backend], warp_size=info.warp_size, arch=info.arch or "",
@@ -78,10 +83,11 @@ def parallel_compile() -> Iterator[None]:
         yield
 
 
-def launch_pdl() -> bool:
-    """Whether the decode kernels launch as programmatic dependents (Hopper and newer NVIDIA GPUs): each may start
-    while the kernel before it drains, and waits in ``gdc_wait`` before reading what that kernel wrote."""
-    target = current_target()
+def launch_pdl(target: Target | None = None) -> bool:
+    """Whether the decode kernels launch as programmatic dependents on ``target`` (default: the running device;
+    Hopper and newer NVIDIA GPUs): each may start while the kernel before it drains, and waits in ``gdc_wait``
+    before reading what that kernel wrote."""
+    target = target or current_target()
     return target.backend == "cuda" and target.arch.startswith("sm_") and int(target.arch[3:].rstrip("a")) >= 90
 
 
@@ -159,6 +165,20 @@ def launch_elementwise(kernel: Any, args: tuple, n_elements: int, block_size: in
     else:
         grid = lambda meta: (triton.cdiv(n_elements, meta["BLOCK_SIZE"]),)  # noqa: E731 - the tutorials' idiom
         kernel[grid](*args, n_elements, OFFSETS_64=wide)
+
+
+def warm_elementwise(kernel: Any, pointers: int, dtype: Any, n_elements: int, target: Target) -> None:
+    """Compile, launching nothing, every configuration the autotuner of an elementwise kernel
+    (``kernel(*pointers, n_elements, OFFSETS_64, BLOCK_SIZE)``) tries on ``target``'s family for this size and torch
+    dtype. Pointers are given as their dtype (Triton's ``warmup`` takes them for aligned tensors), so no memory is
+    touched and the device need not be claimed; the timed launch then finds the kernels compiled."""
+    if n_elements == 0 or interpreted():
+        return
+    chosen = set(elementwise_shapes(target))
+    wide = needs_64bit_offsets(n_elements)
+    for config in kernel.configs:
+        if (config.kwargs["BLOCK_SIZE"], config.num_warps) in chosen:
+            kernel.fn.warmup(*[dtype] * pointers, n_elements, OFFSETS_64=wide, **config.all_kwargs(), grid=(1,))
 
 
 def elementwise_label(block_size: int, num_warps: int) -> str:

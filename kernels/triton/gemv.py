@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .config import interpreted, launch_pdl, quick_bench
+from .config import Target, interpreted, launch_pdl, quick_bench
 
 if TYPE_CHECKING:
     import torch
@@ -128,18 +128,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 def warm_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
               residual: torch.Tensor | None = None, gated: bool = False,
-              norm: tuple[torch.Tensor, float] | None = None) -> None:
-    """Compile every configuration :func:`gemv` would autotune over for these arguments, launching nothing: inside
-    :func:`~.config.parallel_compile` they compile at once, where the autotuner's first launch compiles them one by
-    one."""
+              norm: tuple[torch.Tensor, float] | None = None, target: Target | None = None) -> None:
+    """Compile every configuration :func:`gemv` would autotune over for arguments of these shapes and dtypes on
+    ``target`` (default: the running device), launching nothing: inside :func:`~.config.parallel_compile` they compile
+    at once, where the autotuner's first launch compiles them one by one. Tensors count by shape and dtype only
+    (``meta`` ones do), as Triton's ``warmup`` takes pointers for aligned tensors."""
+    import torch
+
     if not interpreted():
-        _, args, meta = _launch(x, weight, bias, residual, gated, norm)
-        gemv_kernel.warmup(*args, **meta, grid=(1,))
+        _, args, meta = _launch(x, weight, bias, residual, gated, norm, launch_pdl(target))
+        dtypes = [a.dtype if isinstance(a, torch.Tensor) else a for a in args]
+        gemv_kernel.warmup(*dtypes, **meta, grid=(1,))
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-            gated: bool, norm: tuple[torch.Tensor, float] | None) -> tuple[torch.Tensor, tuple, dict]:
-    """(output, the kernel's arguments, its constexprs and launch options) of one product, the inputs checked."""
+            gated: bool, norm: tuple[torch.Tensor, float] | None, pdl: bool | None = None
+            ) -> tuple[torch.Tensor, tuple, dict]:
+    """(output, the kernel's arguments, its constexprs and launch options) of one product, the inputs checked;
+    ``pdl``: as a programmatic dependent (default: where the running device allows it)."""
     import torch
 
     rows, k = weight.shape
@@ -157,7 +163,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, re
     if norm is not None and norm_weight.numel() != k:
         raise ValueError(f"gemv: norm weight of {norm_weight.numel()} values for {k} inputs")
     args = (x, weight, bias if bias is not None else y, residual if residual is not None else y, norm_weight, y, n, k)
-    pdl = launch_pdl()
+    pdl = launch_pdl() if pdl is None else pdl
     return y, args, {**flags(bias is not None, residual is not None, gated, eps, pdl),
                      **({"launch_pdl": True} if pdl else {})}
 

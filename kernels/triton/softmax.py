@@ -13,13 +13,13 @@ the interpreter, whose programs run one at a time, and stays a tuning candidate 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import triton
 import triton.language as tl
 
 from .aot import DTYPES, Launch
-from .config import Target, current_target, softmax_config
+from .config import Target, current_target, interpreted, softmax_config
 
 # torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
 if TYPE_CHECKING:
@@ -279,18 +279,37 @@ def softmax(
         return y
     launch = launch_choice(n_rows, n_cols, x.element_size(), current_target(), rows_per_program=rows_per_program,
                            num_warps=num_warps, looped_block=looped_block, split=split)
-    if launch.kernel == "split":
-        softmax_split_kernel[(n_rows * launch.split,)](
-            x, y, *split_workspace(n_rows, launch.split, x.device), n_cols, x.stride(0), y.stride(0),
-            SPLIT=launch.split, BLOCK_N=launch.block_n, num_warps=launch.num_warps)
-    elif launch.kernel == "looped":
-        softmax_looped_kernel[(n_rows,)](x, y, n_cols, x.stride(0), y.stride(0), BLOCK_N=launch.block_n,
-                                         num_warps=launch.num_warps)
-    else:
-        softmax_kernel[(triton.cdiv(n_rows, launch.block_m),)](
-            x, y, n_rows, n_cols, x.stride(0), y.stride(0), BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
-            num_warps=launch.num_warps)
+    workspace = split_workspace(n_rows, launch.split, x.device) if launch.kernel == "split" else ()
+    kernel, grid, args, meta = _kernel_call(launch, (x, y), workspace, n_rows, n_cols, (x.stride(0), y.stride(0)))
+    kernel[grid](*args, **meta)
     return y
+
+
+def _kernel_call(launch: SoftmaxLaunch, pointers: tuple, workspace: tuple, n_rows: int, n_cols: int,
+                 strides: tuple[int, int]) -> tuple[Any, tuple[int], tuple, dict[str, int]]:
+    """(kernel, grid, arguments, constexprs and launch options) of one launch of ``launch``."""
+    if launch.kernel == "split":
+        return (softmax_split_kernel, (n_rows * launch.split,), (*pointers, *workspace, n_cols, *strides),
+                {"SPLIT": launch.split, "BLOCK_N": launch.block_n, "num_warps": launch.num_warps})
+    if launch.kernel == "looped":
+        return (softmax_looped_kernel, (n_rows,), (*pointers, n_cols, *strides),
+                {"BLOCK_N": launch.block_n, "num_warps": launch.num_warps})
+    return (softmax_kernel, (triton.cdiv(n_rows, launch.block_m),), (*pointers, n_rows, n_cols, *strides),
+            {"BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "num_warps": launch.num_warps})
+
+
+def warm_softmax(shape: tuple[int, ...], dtype: torch.dtype, target: Target) -> None:
+    """Compile the kernel :func:`softmax` launches for a contiguous input of this shape and torch dtype on
+    ``target``, launching nothing (pointers given as their dtype, as Triton's ``warmup`` takes them)."""
+    import torch
+
+    n_rows, n_cols = shape
+    if n_rows == 0 or n_cols == 0 or interpreted():
+        return
+    launch = launch_choice(n_rows, n_cols, dtype.itemsize, target)
+    workspace = (torch.int32, torch.int32, torch.float32, torch.float32) if launch.kernel == "split" else ()
+    kernel, _, args, meta = _kernel_call(launch, (dtype, dtype), workspace, n_rows, n_cols, (n_cols, n_cols))
+    kernel.warmup(*args, **meta, grid=(1,))
 
 
 # Row widths the ahead-of-time compile covers (gpulab.kernel_compile): every power of two the fused kernel takes (16 ..

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulab.bench.ops import op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Unavailable, register_kind
+from gpulab.device import DeviceInfo
 
 if TYPE_CHECKING:
     import torch
@@ -157,7 +158,20 @@ def cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None
     return _bind(getattr(torch.ops.gpulab, str(op_spec(case.op).ext_op)), inputs)
 
 
-@register_kind("triton", writes_out=True, availability=triton_unavailable)
+def triton_ahead(cases: Sequence[Case], info: DeviceInfo) -> None:
+    """Compile every kernel the cases' Triton launches need on ``info``'s device (each op module's
+    ``warm_<op>``), all at once on the host's cores, launching nothing."""
+    from gpulab.dtypes import torch_dtype
+    from gpulab.kernels.triton.config import parallel_compile, target_of
+
+    target = target_of(info)
+    with parallel_compile():
+        for case in cases:
+            warm = getattr(op_spec(case.op).triton_kernels(), f"warm_{case.op}")
+            warm(case.shape, torch_dtype(case.dtype), target)
+
+
+@register_kind("triton", writes_out=True, availability=triton_unavailable, ahead=triton_ahead)
 def triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """The wrapper ``<op>(*inputs, out)`` of the op's Triton kernel module."""
     return _bind(triton_launcher(case.op), [*inputs, out])

@@ -30,6 +30,9 @@ Factory = Callable[["Case", Sequence["torch.Tensor"], "torch.Tensor | None"], Ca
 Availability = Callable[["BenchContext"], "Unavailable | None"]
 # The same for an implementation of every op, told which op it is asked about.
 OpAvailability = Callable[["BenchContext", str], "Unavailable | None"]
+# Compiles what a cell's cases will launch on the probed device, CPU-only, before its job claims the device
+# (gpulab.device_lock): the compiler then runs while another job measures.
+Ahead = Callable[[Sequence["Case"], DeviceInfo], None]
 
 BASELINE = "native"
 
@@ -74,6 +77,7 @@ class Impl:
     writes_out: bool = False
     availability: Availability | None = None
     description: str = ""
+    ahead: Ahead | None = None
 
     def unavailable(self, ctx: BenchContext) -> Unavailable | None:
         return self.availability(ctx) if self.availability else None
@@ -98,13 +102,14 @@ class Registry:
         return decorate
 
     def register_kind(
-        self, name: str, *, writes_out: bool = False, availability: OpAvailability | None = None
+        self, name: str, *, writes_out: bool = False, availability: OpAvailability | None = None,
+        ahead: Ahead | None = None,
     ) -> Callable[[Factory], Factory]:
         """An implementation of every registered op, built from the op's entry (``case.op``)."""
         def decorate(factory: Factory) -> Factory:
             if name in self._kinds:
                 raise ValueError(f"implementation kind {name!r} is already registered")
-            self._kinds[name] = (Impl("", name, factory, writes_out, None, _first_line(factory)), availability)
+            self._kinds[name] = (Impl("", name, factory, writes_out, None, _first_line(factory), ahead), availability)
             return factory
 
         return decorate

@@ -41,7 +41,7 @@ from gpulab.bench.correctness import (
     tolerance_for,
 )
 from gpulab.bench.ops import Shape, op_spec
-from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
+from gpulab.bench.registry import REGISTRY, BenchContext, Case, Impl, Registry
 from gpulab.ceilings import (
     BESIDE_THE_CASE,
     MISS,
@@ -491,6 +491,23 @@ def aggregate(cell_paths: Iterable[str | Path], op: str | None = None) -> pd.Dat
     return df.drop(columns=["_impl", "_dtype"]).reset_index(drop=True)
 
 
+def compile_ahead(impl: Impl, shapes: Sequence[Shape], dtypes: Sequence[str], info: DeviceInfo) -> None:
+    """Compile the kernels a cell will launch (its implementation's ``ahead``) on the probed GPU, before the job
+    claims the device; a failure only leaves the compiles to the cell's first launches, which report it."""
+    if impl.ahead is None or not info.gpu_available:
+        return
+    cases = [Case(impl.op, impl.name, tuple(shape), dtype, info.torch_device) for shape in shapes for dtype in dtypes]
+    start = time.perf_counter()
+    try:
+        impl.ahead(cases, info)
+    except Exception as exc:
+        log.warning("%s/%s: compiling ahead failed (%s: %s); the first launches compile instead", impl.op,
+                    impl.name, type(exc).__name__, exc)
+        return
+    log.info("%s/%s: %d cases compiled in %.1f s before claiming the device", impl.op, impl.name, len(cases),
+             time.perf_counter() - start)
+
+
 def bench_cell_job(
     op: str,
     impl: str,
@@ -505,10 +522,13 @@ def bench_cell_job(
 ) -> pd.DataFrame:
     """What the Snakemake job of one (target, op, impl) does: resolve sizes, run, write the cell CSV."""
     from gpulab.bench.sizes import resolve_sizes
-    from gpulab.device import detect
+    from gpulab.device import detect, probe
 
+    probed = info or probe()
+    shapes = resolve_sizes(op, bench_config.get("sizes", "auto"), probed, bench_config.get("max_tensor_mib", "auto"))
+    if info is None:  # the job's own device: compile what can be before claiming it
+        compile_ahead(REGISTRY.get(op, impl), shapes, list(bench_config["dtypes"]), probed)
     info = info or detect()
-    shapes = resolve_sizes(op, bench_config.get("sizes", "auto"), info, bench_config.get("max_tensor_mib", "auto"))
     log.info("%s/%s on %s (%s): %d sizes x %d dtypes", op, impl, info.name, info.backend, len(shapes),
              len(bench_config["dtypes"]))
     rows = run_cell(

@@ -293,6 +293,7 @@ def run_llm(resolved: ResolvedModel, engines: Sequence[str], cfg: Mapping[str, A
     was ~16 s of every engine's job: the interpreter, PyTorch and transformers' model classes). Writes
     ``<out_dir>/<model>__<engine>.csv`` and ``.json`` per engine; returns every engine's rows."""
     import_transformers()
+    compile_ahead(resolved, engines, str(cfg["dtype"]))
     info = detect()
     aotriton = os.environ.get(AOTRITON_VARIABLE, "unset") if info.backend == "rocm" else "n/a (ROCm only)"
     base = {"target": target, "fingerprint": fingerprint, "model": resolved.spec, "model_source": resolved.source,
@@ -307,6 +308,31 @@ def run_llm(resolved: ResolvedModel, engines: Sequence[str], cfg: Mapping[str, A
         rows += _run_one(job, engine, loaded, problem, Path(out_dir))
         _release(info)
     return rows
+
+
+def compile_ahead(resolved: ResolvedModel, engines: Sequence[str], dtype: str) -> None:
+    """Each engine's compiling that needs only the model's config (``compile_ahead``), on the probed GPU, before
+    the job claims the device (gpulab.device_lock), so it runs while another job measures. A failure only leaves
+    it to the engine's own preparation, which reports what fails."""
+    import time
+
+    from transformers import AutoConfig
+
+    from gpulab.device import probe
+
+    probed = probe()
+    if not probed.gpu_available:
+        return
+    start = time.perf_counter()
+    try:
+        config = AutoConfig.from_pretrained(resolved.path)
+        for engine in engines:
+            engine_class(engine).compile_ahead(config, dtype, probed)
+    except Exception as exc:
+        log.warning("compiling ahead failed (%s: %s); the engines compile as they prepare", type(exc).__name__, exc)
+        return
+    log.info("compiled ahead for %s in %.1f s, before claiming the device", ", ".join(engines),
+             time.perf_counter() - start)
 
 
 def _run_one(job: Job, engine: str, loaded: LoadedModel | None, problem: tuple[str, str] | None, out: Path

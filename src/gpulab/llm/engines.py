@@ -19,6 +19,7 @@ from gpulab.llm.study import Sampling
 if TYPE_CHECKING:
     import torch
 
+    from gpulab.device import DeviceInfo
     from gpulab.llm.checks import Check
     from gpulab.llm.graphs import GraphSettings
     from gpulab.llm.models import LoadedModel
@@ -36,6 +37,9 @@ class Engine(Protocol):
 
     @staticmethod
     def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]: ...
+
+    @staticmethod
+    def compile_ahead(config: Any, dtype: str, info: DeviceInfo) -> None: ...
 
     def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
               texts: dict[str, Any]) -> Check | None: ...
@@ -86,6 +90,11 @@ class HfEngine:
     def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
         """The correctness check's test names (none: it is the reference)."""
         return []
+
+    @staticmethod
+    def compile_ahead(config: Any, dtype: str, info: DeviceInfo) -> None:
+        """What the engine can compile for the probed device from the model's config alone, launching nothing,
+        before its job claims the device (nothing here: eager PyTorch)."""
 
     def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
               texts: dict[str, Any]) -> Check | None:
@@ -178,6 +187,20 @@ class FastEngine:
         return cls(loaded, max_len, cfg, study, eos_ids)
 
     @staticmethod
+    def compile_ahead(config: Any, dtype: str, info: DeviceInfo) -> None:
+        """The decode step's fused products, every configuration they autotune over
+        (:func:`gpulab.llm.qwen2.compile_decode_products`), where the step runs them: a GPU with Triton."""
+        import importlib.util
+
+        if not info.gpu_available or importlib.util.find_spec("triton") is None:
+            return
+        from gpulab.dtypes import torch_dtype
+        from gpulab.kernels.triton.config import target_of
+        from gpulab.llm import qwen2
+
+        qwen2.compile_decode_products(qwen2.Dims.of(config), torch_dtype(dtype), target_of(info))
+
+    @staticmethod
     def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
         return [f"teacher{teacher_tokens}"]
 
@@ -242,6 +265,10 @@ class ExactEngine(FastEngine):
     @staticmethod
     def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
         return [f"greedy{check_tokens}"]
+
+    @staticmethod
+    def compile_ahead(config: Any, dtype: str, info: DeviceInfo) -> None:
+        """Nothing: transformers' own kernels."""
 
     def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
               texts: dict[str, Any]) -> Check | None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from gpulab.kernels.triton.config import Target
 
 Attend = Callable[..., torch.Tensor]
 
@@ -233,23 +236,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if residual is None else residual + y
 
 
-def compile_decode_products(weights: Weights) -> None:
+def compile_decode_products(dims: Dims, dtype: torch.dtype, target: Target) -> None:
     """Compile every configuration the decode step's fused products autotune over (:func:`linear`, :func:`swiglu`,
-    the output head), all at once on the host's cores, before the step's first run times them. Compiled one after
-    another at that run, they were most of a cold start of the 7B model's step."""
+    the output head) for ``target``, all at once on the host's cores, before the step's first run times them.
+    Compiled one after another at that run, they were most of a cold start of the 7B model's step. Shapes come
+    from meta tensors, so nothing is allocated or launched: a job can do this before it claims the device."""
     from gpulab.kernels.triton.config import parallel_compile
     from gpulab.kernels.triton.gemv import warm_gemv
 
-    if not triton_decode(weights.embed.device):
-        return
-    w, dims = weights.layers[0], weights.dims
-    token = weights.embed.new_empty(1, 1, dims.hidden)
+    def meta(*shape: int) -> torch.Tensor:
+        return torch.empty(*shape, dtype=dtype, device="meta")
+
+    qkv, attn, norm = sum(dims.qkv_split), dims.n_heads * dims.head_dim, (meta(dims.hidden), dims.eps)
+    token = meta(1, 1, dims.hidden)
     with parallel_compile():
-        warm_gemv(token, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps))
-        warm_gemv(weights.embed.new_empty(1, 1, dims.n_heads * dims.head_dim), w.wo, residual=token)
-        warm_gemv(token, w.w13, gated=True, norm=(w.post_norm, dims.eps))
-        warm_gemv(weights.embed.new_empty(1, 1, dims.intermediate), w.wd, residual=token)
-        warm_gemv(token, weights.lm_head, norm=(weights.norm, dims.eps))
+        warm_gemv(token, meta(qkv, dims.hidden), meta(qkv), norm=norm, target=target)
+        warm_gemv(meta(1, 1, attn), meta(dims.hidden, attn), residual=token, target=target)
+        warm_gemv(token, meta(2 * dims.intermediate, dims.hidden), gated=True, norm=norm, target=target)
+        warm_gemv(meta(1, 1, dims.intermediate), meta(dims.hidden, dims.intermediate), residual=token, target=target)
+        warm_gemv(token, meta(dims.vocab, dims.hidden), norm=norm, target=target)
 
 
 def _silu_mul(x: torch.Tensor) -> torch.Tensor:
