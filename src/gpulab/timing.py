@@ -76,6 +76,9 @@ class TimingSettings:
     blocks: int = 8
     min_span_s: float | str = "auto"
     reference: bool | str = "auto"
+    # Least wall time one measurement's kept blocks span where the device has an energy counter, so that the counter
+    # gives its energy (gpulab.energy.ENERGY_SPAN_S); 0: no such minimum (a bench cell's cases, each far shorter).
+    energy_span_s: float = 0.0
 
     @classmethod
     def from_config(cls, timing_config: Mapping[str, Any] | None) -> TimingSettings:
@@ -245,7 +248,8 @@ def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_
     blocks, within ``max_reps`` and (once ``min_reps`` are reached) within ``max_wall_s``."""
     done = len(pilot_ms)
     per_rep_ms = max(float(np.median(pilot_ms)), 1e-4)
-    wanted = max(settings.min_reps, math.ceil(settings.min_time_s * 1e3 / per_rep_ms))
+    wanted = max(settings.min_reps, math.ceil(settings.min_time_s * 1e3 / per_rep_ms),
+                 math.ceil(settings.energy_span_s / max(pilot_wall_s / done, 1e-9)))
     # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
     # cap the wall time rather than spend minutes flushing for a microsecond kernel.
     affordable = math.floor(settings.max_wall_s / max(pilot_wall_s / done, 1e-9))
@@ -277,16 +281,28 @@ class Measurement:
         self.first_call_ms = _warm_up(self.fns, self.settings, info)
         self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
                                  interleaved)
+        if self.timer.meter.problem:  # no counter to give the energy a span is kept for
+            self.settings = replace(self.settings, energy_span_s=0.0)
         # A pilot block sizes the blocks and is not kept: the first repetitions after the layout moves pay
-        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size.
+        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size but the
+        # repetitions its energy needs, from one call's wall time.
         self.pilot: list[float] = []
         if self.settings.min_reps >= self.settings.max_reps:
-            self.plan = _split(self.settings.max_reps, self.settings.blocks)
+            self.plan = _split(self._fixed_count(), self.settings.blocks)
         else:
             wall = time.perf_counter()
             self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
             self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
         self.blocks: list[list[float]] = []
+
+    def _fixed_count(self) -> int:
+        """``max_reps``, or as many more calls as the blocks need to span ``energy_span_s``."""
+        if not self.settings.energy_span_s:
+            return self.settings.max_reps
+        wall = time.perf_counter()
+        self.pilot = self.timer.block(1)
+        call_s = max(time.perf_counter() - wall, 1e-9)
+        return max(self.settings.max_reps, math.ceil(self.settings.energy_span_s / call_s))
 
     @property
     def done(self) -> bool:

@@ -159,16 +159,17 @@ def cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None
 
 
 def triton_ahead(cases: Sequence[Case], info: DeviceInfo) -> None:
-    """Compile every kernel the cases' Triton launches need on ``info``'s device (each op module's
-    ``warm_<op>``), all at once on the host's cores, launching nothing."""
+    """Compile every kernel the cases' Triton launches need on ``info``'s device (the op module's ``warm_<op>``;
+    a module without one compiles at its first launches), all at once on the host's cores, launching nothing."""
     from gpulab.dtypes import torch_dtype
     from gpulab.kernels.triton.config import parallel_compile, target_of
 
     target = target_of(info)
     with parallel_compile():
         for case in cases:
-            warm = getattr(op_spec(case.op).triton_kernels(), f"warm_{case.op}")
-            warm(case.shape, torch_dtype(case.dtype), target)
+            warm = getattr(op_spec(case.op).triton_kernels(), f"warm_{case.op}", None)
+            if warm is not None:
+                warm(case.shape, torch_dtype(case.dtype), target)
 
 
 @register_kind("triton", writes_out=True, availability=triton_unavailable, ahead=triton_ahead)

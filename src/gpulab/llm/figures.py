@@ -21,7 +21,7 @@ import torch
 from gpulab.ceilings import Hit, above_ceiling, pct_of
 from gpulab.datasheet import pct_of_datasheet
 from gpulab.device import DeviceInfo
-from gpulab.energy import per_unit
+from gpulab.energy import ENERGY_SPAN_S, per_unit
 from gpulab.llm.engines import Engine
 from gpulab.llm.probe import PeakMemory
 from gpulab.llm.roofline import Ceiling, bytes_per_token
@@ -59,7 +59,8 @@ class Bench:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def settings(self, reps: int) -> TimingSettings:
-        return TimingSettings(min_time_s=1e-9, min_reps=reps, max_reps=reps, warmup_reps=1, flush_cache=False)
+        return TimingSettings(min_time_s=1e-9, min_reps=reps, max_reps=reps, warmup_reps=1, flush_cache=False,
+                              energy_span_s=ENERGY_SPAN_S)
 
     def timed(self, test: str, fn: Callable[[], Any], reps: int, **values: Any) -> dict[str, Any] | None:
         """Measure ``fn`` with the test's peak memory; a failure becomes a row with its status and reason."""

@@ -22,7 +22,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from torch.profiler import record_function
 
 from gpulab.ceilings import MISS, Ceilings, above_ceiling, pct_of
 from gpulab.device import DeviceInfo, detect, synchronize, teardown_profiler_after_use, warm_on_side_stream
-from gpulab.energy import per_unit
+from gpulab.energy import ENERGY_SPAN_S, per_unit
 from gpulab.mlp.kernels import (
     BACKWARD_RANGE,
     FORWARD_RANGE,
@@ -357,7 +357,7 @@ def profile_variant(
         if problem:
             return {"status": "incorrect", "reason": problem, **errors}, None, None
         allocated, reserved = peak_memory(prepared.run, info)
-        timed = measure(prepared.run, timing, info)
+        timed = measure(prepared.run, replace(timing, energy_span_s=ENERGY_SPAN_S), info)
         synchronize(info)
         *_, problem = check_results(prepared, reference, variant, x_before)  # the last timed call's results
         if problem:

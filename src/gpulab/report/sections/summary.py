@@ -110,7 +110,9 @@ def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
     if pd.isna(dedicated):
         return default
     if "fastest row" in method:
-        return f"the ceiling at its size, which this row set: the copy methods reached {dedicated:,.0f} GB/s there"
+        setter = method.split(" (", 1)[0]  # "<op> <impl>" of the row that beat every method (share_ceilings)
+        who = "this row" if setter == f"{row.get('op')} {row.get('impl')}" else f"the {setter} row of its bytes"
+        return f"the ceiling at its size, which {who} set: the copy methods reached {dedicated:,.0f} GB/s there"
     if method.endswith(BESIDE_THE_CASE):
         return f"{default}: {dedicated:,.1f} GB/s, {method}"
     return default
