@@ -232,21 +232,29 @@ def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypa
     assert len(reads) == 4  # around the pilot block and the first planned block
 
 
-def test_a_measurement_kept_for_its_energy_spans_the_counters_interval(monkeypatch):
-    """The MLP's and the LLM's measurements ask for energy_span_s: a short call takes as many repetitions as span
-    it (the LLM's fixed count of 3 prefills becomes enough of them, the MLP's sized plan grows), and the energy is
-    known; without a counter the same settings keep the counts they had."""
+def test_a_measurement_too_short_for_the_counter_reads_it_over_a_block_of_further_calls(monkeypatch):
+    """The MLP's and the LLM's measurements ask for energy_span_s: where their timed blocks span under the counter's
+    interval (the LLM's 3 prefills of a few milliseconds), a block of further calls spanning energy_span_s follows
+    and gives the energy, while the timing keeps its own repetitions; without a counter nothing follows."""
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        time.sleep(0.005)
+
     monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
-    span = energy.ENERGY_SPAN_S
     fixed = TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False,
-                           energy_span_s=span)
-    sized = TimingSettings(min_time_s=0.01, max_wall_s=3.0, flush_cache=False, energy_span_s=span)
-    for settings in (fixed, sized):
-        timing = measure(lambda: time.sleep(0.005), settings)
-        assert timing.reps >= span / 0.01 and timing.energy_reason == "" and timing.energy_j > 0
+                           energy_span_s=energy.ENERGY_SPAN_S)
+    timing = measure(call, fixed)
+    assert timing.reps == 3 and timing.energy_reason == "" and timing.energy_j > 0
+    assert len(calls) >= energy.ENERGY_SPAN_S / 0.01  # the energy block's calls
+    assert 35.0 <= timing.power_w < 100.0
+    without = measure(call, TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False))
+    assert without.reps == 3 and math.isnan(without.energy_j)
+    calls.clear()
     monkeypatch.setattr(energy, "counter", lambda backend: energy.Missing("no counter here"))
-    assert measure(lambda: time.sleep(0.005), fixed).reps == 3
-    assert measure(lambda: time.sleep(0.005), sized).reps < span / 0.01
+    timing = measure(call, fixed)
+    assert timing.reps == 3 and len(calls) < 10 and timing.energy_reason == "unknown: no counter here"
 
 
 def test_measure_on_a_cpu_carries_the_columns_as_unknown():

@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 # NVML's counter moves in steps tens of milliseconds apart: timed blocks spanning less than this in all give
 # figures off by more than a tenth (on an H100, 0.1-0.3 s spans gave mean powers of 40 kW on a 700 W board).
 MIN_SPAN_S = 1.0
-# What a measurement that must give its energy (TimingSettings.energy_span_s: the MLP's and the LLM's) spans at
-# least: half again MIN_SPAN_S, as its blocks' span is sized from a short pilot's wall time before they run.
+# The span of the energy block a measurement whose timed blocks were too short for a figure runs after them
+# (TimingSettings.energy_span_s: the MLP's and the LLM's), sized from the timed blocks' wall time per call.
 ENERGY_SPAN_S = 1.5 * MIN_SPAN_S
 # A measurement whose blocks, by its first one, will span less than this share of MIN_SPAN_S stops reading the counter.
 SKIP_BELOW = 0.5

@@ -76,8 +76,9 @@ class TimingSettings:
     blocks: int = 8
     min_span_s: float | str = "auto"
     reference: bool | str = "auto"
-    # Least wall time one measurement's kept blocks span where the device has an energy counter, so that the counter
-    # gives its energy (gpulab.energy.ENERGY_SPAN_S); 0: no such minimum (a bench cell's cases, each far shorter).
+    # Where the timed blocks span too little for the energy counter (gpulab.energy.MIN_SPAN_S) and the device has
+    # one: a block of further calls after them, spanning this long, is read for the energy alone (its times are not
+    # kept, so the timing is what it would be without it). 0: none (a bench cell's interleaved cases).
     energy_span_s: float = 0.0
 
     @classmethod
@@ -248,8 +249,7 @@ def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_
     blocks, within ``max_reps`` and (once ``min_reps`` are reached) within ``max_wall_s``."""
     done = len(pilot_ms)
     per_rep_ms = max(float(np.median(pilot_ms)), 1e-4)
-    wanted = max(settings.min_reps, math.ceil(settings.min_time_s * 1e3 / per_rep_ms),
-                 math.ceil(settings.energy_span_s / max(pilot_wall_s / done, 1e-9)))
+    wanted = max(settings.min_reps, math.ceil(settings.min_time_s * 1e3 / per_rep_ms))
     # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
     # cap the wall time rather than spend minutes flushing for a microsecond kernel.
     affordable = math.floor(settings.max_wall_s / max(pilot_wall_s / done, 1e-9))
@@ -281,28 +281,18 @@ class Measurement:
         self.first_call_ms = _warm_up(self.fns, self.settings, info)
         self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
                                  interleaved)
-        if self.timer.meter.problem:  # no counter to give the energy a span is kept for
-            self.settings = replace(self.settings, energy_span_s=0.0)
         # A pilot block sizes the blocks and is not kept: the first repetitions after the layout moves pay
-        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size but the
-        # repetitions its energy needs, from one call's wall time.
+        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size.
         self.pilot: list[float] = []
         if self.settings.min_reps >= self.settings.max_reps:
-            self.plan = _split(self._fixed_count(), self.settings.blocks)
+            self.plan = _split(self.settings.max_reps, self.settings.blocks)
         else:
             wall = time.perf_counter()
             self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
             self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
         self.blocks: list[list[float]] = []
-
-    def _fixed_count(self) -> int:
-        """``max_reps``, or as many more calls as the blocks need to span ``energy_span_s``."""
-        if not self.settings.energy_span_s:
-            return self.settings.max_reps
-        wall = time.perf_counter()
-        self.pilot = self.timer.block(1)
-        call_s = max(time.perf_counter() - wall, 1e-9)
-        return max(self.settings.max_reps, math.ceil(self.settings.energy_span_s / call_s))
+        self.wall_s = 0.0  # of the kept blocks
+        self.sustained: tuple[energy.Meter, int] | None = None  # the energy block's counter and calls, where one ran
 
     @property
     def done(self) -> bool:
@@ -324,8 +314,13 @@ class Measurement:
         counter can give a figure (the pilot's few repetitions are dominated by per-block costs)."""
         start = time.perf_counter()
         self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
+        self.wall_s += time.perf_counter() - start
         if len(self.blocks) == 1:
             self.timer.meter.expect((time.perf_counter() - start) / self.plan[0] * sum(self.plan))
+        counter = not self.timer.meter.source.reason
+        if self.done and self.settings.energy_span_s and counter and self.timer.meter.span_s < energy.MIN_SPAN_S:
+            calls = math.ceil(self.settings.energy_span_s / max(self.wall_s / sum(self.plan), 1e-9))
+            self.sustained = (self.timer.energy_block(calls), calls)
 
     def timing(self) -> Timing:
         samples = [t for block in self.blocks for t in block]
@@ -341,7 +336,7 @@ class Measurement:
             cache_policy=_cache_policy(self.settings, len(self.fns)),
             stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
             times_ms=format_blocks(self.blocks),
-            **self.timer.energy(stats["mean_ms"]).as_row(),
+            **self.timer.energy(stats["mean_ms"], self.sustained).as_row(),
         )
 
 
@@ -424,14 +419,23 @@ class _BlockTimer:
             return self._device_events(reps + 1)[1:]
         return self._device_events(reps)
 
-    def energy(self, call_ms: float) -> energy.Energy:
-        """Energy of one call over every block timed so far (the flushes before its repetitions taken off)."""
+    def energy_block(self, calls: int) -> energy.Meter:
+        """``calls`` more calls, as a timed block makes them, between two reads of the counter; their times are not
+        kept (the measurement's energy block, ``energy_span_s``)."""
+        meter = energy.Meter(self.meter.source)
+        time.sleep(0)
+        meter.block(lambda: self._timed(calls))
+        return meter
+
+    def energy(self, call_ms: float, sustained: tuple[energy.Meter, int] | None = None) -> energy.Energy:
+        """Energy of one call over every block timed so far, or over the energy block where one ran (the flushes
+        before its repetitions taken off: one a call)."""
+        meter, calls, flushes = (*sustained, sustained[1]) if sustained else (self.meter, self.calls, self.flushes)
         flush_j = 0.0
-        if self.flush.buffer is not None and not self.meter.problem:
+        if self.flush.buffer is not None and not meter.problem:
             key = (self.info.torch_device, int(self.flush.buffer.numel()))
-            flush_j = energy.flush_joules(self.meter.source, key, self.flush, lambda: synchronize(self.info))
-        return self.meter.per_call(self.calls, call_ms, self.flushes if self.flush.buffer is not None else 0,
-                                   flush_j)
+            flush_j = energy.flush_joules(meter.source, key, self.flush, lambda: synchronize(self.info))
+        return meter.per_call(calls, call_ms, flushes if self.flush.buffer is not None else 0, flush_j)
 
     def _host_clock(self, reps: int) -> list[float]:
         times = []
