@@ -428,9 +428,12 @@ class _BlockTimer:
         return meter
 
     def energy(self, call_ms: float, sustained: tuple[energy.Meter, int] | None = None) -> energy.Energy:
-        """Energy of one call over every block timed so far, or over the energy block where one ran (the flushes
-        before its repetitions taken off: one a call)."""
+        """Energy of one call over every block timed so far, its mean power over ``call_ms``; or over the energy
+        block where one ran, its mean power over the block's wall time a call (back to back, a call's device time
+        understates it). The flushes before the repetitions are taken off: one a call in the energy block."""
         meter, calls, flushes = (*sustained, sustained[1]) if sustained else (self.meter, self.calls, self.flushes)
+        if sustained:
+            call_ms = meter.span_s * 1e3 / max(calls, 1)
         flush_j = 0.0
         if self.flush.buffer is not None and not meter.problem:
             key = (self.info.torch_device, int(self.flush.buffer.numel()))
