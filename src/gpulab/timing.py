@@ -62,6 +62,9 @@ GPU_REFERENCE = False
 # Largest allocation held during a block to move the op's outputs (several pages, so both the offset
 # within a page and the cache sets an output maps to change).
 LAYOUT_SHIM_BYTES = 64 * 2**10
+# Most calls of a measurement's energy block (a device event pair each): an op shorter than energy_span_s over this
+# gives no energy figure rather than a block of millions of calls.
+MAX_ENERGY_CALLS = 10_000
 BLOCK_SEPARATOR = "|"
 
 
@@ -291,7 +294,6 @@ class Measurement:
             self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
             self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
         self.blocks: list[list[float]] = []
-        self.wall_s = 0.0  # of the kept blocks
         self.sustained: tuple[energy.Meter, int] | None = None  # the energy block's counter and calls, where one ran
 
     @property
@@ -314,12 +316,14 @@ class Measurement:
         counter can give a figure (the pilot's few repetitions are dominated by per-block costs)."""
         start = time.perf_counter()
         self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
-        self.wall_s += time.perf_counter() - start
         if len(self.blocks) == 1:
             self.timer.meter.expect((time.perf_counter() - start) / self.plan[0] * sum(self.plan))
         counter = not self.timer.meter.source.reason
         if self.done and self.settings.energy_span_s and counter and self.timer.meter.span_s < energy.MIN_SPAN_S:
-            calls = math.ceil(self.settings.energy_span_s / max(self.wall_s / sum(self.plan), 1e-9))
+            # sized by a call's median time: back to back a call takes at least that, so the block spans at least
+            # energy_span_s (the timed blocks' wall time a call counts each block's own costs as well)
+            call_s = float(np.median([t for block in self.blocks for t in block])) / 1e3
+            calls = min(math.ceil(self.settings.energy_span_s / max(call_s, 1e-6)), MAX_ENERGY_CALLS)
             self.sustained = (self.timer.energy_block(calls), calls)
 
     def timing(self) -> Timing:
