@@ -202,7 +202,7 @@ class FastDecoder(Decoder):
                 from gpulab.kernels.triton.config import current_target
 
                 qwen2.compile_decode_products(self.weights.dims, self.weights.embed.dtype, current_target())
-            log.info("the decode products' configurations ready in %.1f s", time.perf_counter() - start)
+                log.info("the decode products' configurations ready in %.1f s", time.perf_counter() - start)
         except Exception as exc:  # the step's first run compiles what is missing, one at a time
             log.warning("compiling the decode products ahead failed (%s: %s)", type(exc).__name__, exc)
         super().prepare(*samplings)
