@@ -318,8 +318,8 @@ class Measurement:
         self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
         if len(self.blocks) == 1:
             self.timer.meter.expect((time.perf_counter() - start) / self.plan[0] * sum(self.plan))
-        counter = not self.timer.meter.source.reason
-        if self.done and self.settings.energy_span_s and counter and self.timer.meter.span_s < energy.MIN_SPAN_S:
+        meter = self.timer.meter
+        if self.done and self.settings.energy_span_s and not meter.source.reason and meter.span_s < energy.MIN_SPAN_S:
             # sized by a call's median time: back to back a call takes at least that, so the block spans at least
             # energy_span_s (the timed blocks' wall time a call counts each block's own costs as well)
             call_s = float(np.median([t for block in self.blocks for t in block])) / 1e3
@@ -435,9 +435,11 @@ class _BlockTimer:
         """Energy of one call over every block timed so far, its mean power over ``call_ms``; or over the energy
         block where one ran, its mean power over the block's wall time a call (back to back, a call's device time
         understates it). The flushes before the repetitions are taken off: one a call in the energy block."""
-        meter, calls, flushes = (*sustained, sustained[1]) if sustained else (self.meter, self.calls, self.flushes)
         if sustained:
-            call_ms = meter.span_s * 1e3 / max(calls, 1)
+            meter, calls = sustained
+            flushes, call_ms = calls, meter.span_s * 1e3 / max(calls, 1)
+        else:
+            meter, calls, flushes = self.meter, self.calls, self.flushes
         flush_j = 0.0
         if self.flush.buffer is not None and not meter.problem:
             key = (self.info.torch_device, int(self.flush.buffer.numel()))
