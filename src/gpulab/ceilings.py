@@ -10,8 +10,9 @@ transfer reaches; a decode roofline uses the read plateau):
 - ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (a sweep over every launch shape the
   benchmarked Triton kernels take on the device's family: ``kernels/triton/ceiling.py``).
 - ``copy`` (one read, one write): the runtime's memcpy (``copy_``), also replayed from a device graph;
-  ``torch.neg`` into a buffer; a Triton copy (sweep).
-- ``add`` (two reads, one write): ``torch.add`` into a buffer; a Triton add (sweep).
+  ``torch.neg`` into a buffer; Inductor's negation (``torch.compile``, GPUs); a Triton copy (sweep).
+- ``add`` (two reads, one write): ``torch.add`` into a buffer; Inductor's add (``torch.compile``, GPUs); a Triton
+  add (sweep).
 
 The project's C++ extension is judged against these, not one of them: as a method it would make the ceilings wait
 for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method
@@ -62,7 +63,7 @@ CEILINGS = TableSchema(
         Column("dtype", "str", "fp32 | tf32 | fp16 | bf16"),
         Column("size", "str", "bytes per tensor (memory patterns) or MxNxK (matmul)"),
         Column("tensor_bytes", "int", "bytes of one tensor (memory patterns)"),
-        Column("method", "str", "how it was measured: memcpy | torch.<op> | triton b<block> w<warps> | ..."),
+        Column("method", "str", "how it was measured: memcpy | torch.<op> | torch.compile | triton b<block> w<warps>"),
         Column("best", "bool", "the fastest ok method of this kind, dtype and size: the ceiling"),
         Column("bytes_moved", "int", "bytes read + written per call"),
         Column("gbps", "float", "GB/s (1e9 bytes/s) at the method's fastest decile (p10 time), memory patterns"),
@@ -149,9 +150,10 @@ def _triton_reason(info: DeviceInfo) -> str:
     return ""
 
 
-def pattern_methods(pattern: str, triton_reason: str, graph_reason: str = "") -> dict[str, Builder | str]:
-    """Every method of one memory pattern: a builder, or the reason it cannot run here (``graph_reason``: why
-    device graphs cannot, '' where they can)."""
+def pattern_methods(pattern: str, triton_reason: str, graph_reason: str = "",
+                    compile_reason: str = "not a method of this measurement") -> dict[str, Builder | str]:
+    """Every method of one memory pattern: a builder, or the reason it cannot run here (``graph_reason``,
+    ``compile_reason``: why device graphs, torch.compile cannot; '' where they can)."""
     import torch
 
     methods: dict[str, Builder | str] = {}
@@ -163,9 +165,42 @@ def pattern_methods(pattern: str, triton_reason: str, graph_reason: str = "") ->
         methods["torch.neg"] = lambda ins, out: (lambda: torch.neg(ins[0], out=out))
     else:
         methods["torch.add"] = lambda ins, out: (lambda: torch.add(ins[0], ins[1], out=out))
+    if pattern in INDUCTOR_OPS:
+        methods[INDUCTOR] = compile_reason or _inductor_method(pattern)
     from_sweep = _triton_methods(pattern) if not triton_reason else {}
     methods.update(from_sweep or {"triton": triton_reason})
     return methods
+
+
+# Inductor's kernel for the pattern's op, compiled for each size and dtype as the torch_compile rows' are: its launch
+# shape and code are its own (on an H100 its add ran 0.6% faster than any swept shape; docs/decisions.md).
+INDUCTOR = "torch.compile"
+
+
+def _neg(x: Any) -> Any:
+    return -x
+
+
+def _add(x: Any, y: Any) -> Any:
+    return x + y
+
+
+INDUCTOR_OPS = {"copy": _neg, "add": _add}
+
+
+def _inductor_reason(info: DeviceInfo, triton_reason: str) -> str:
+    """Why Inductor's kernels cannot be a method here ('' where they can): GPUs only, through Triton."""
+    if not info.gpu_available:
+        return ("torch.compile is a GPU ceiling method: on a CPU every size and dtype would be a C++ compile of "
+                "seconds")
+    return f"torch.compile's GPU code generator needs Triton: {triton_reason}" if triton_reason else ""
+
+
+def _inductor_method(pattern: str) -> Builder:
+    from gpulab.bench.impls import static_compile
+
+    compiled = static_compile(INDUCTOR_OPS[pattern])
+    return lambda ins, out: (lambda: compiled(*ins))
 
 
 GRAPH_COPY = "memcpy (graph replay)"
@@ -397,7 +432,7 @@ def measure_ceilings(
     graph_reason = "" if info.gpu_available else f"device graphs need a GPU ({info.reason})"
     rows: list[dict[str, Any]] = []
     for pattern in MEMORY_PATTERNS:
-        methods = pattern_methods(pattern, triton_reason, graph_reason)
+        methods = pattern_methods(pattern, triton_reason, graph_reason, _inductor_reason(info, triton_reason))
         for dtype in dtypes:
             largest = plateau_bytes(matrix, dtype, fallback) if copy_mib == "auto" else int(copy_mib) * MiB
             for size in ceiling_sizes(matrix, pattern, dtype, largest):

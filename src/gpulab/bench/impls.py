@@ -121,18 +121,24 @@ def compiled_manual(case: Case) -> Callable[..., torch.Tensor]:
     gate and the timed closures of one case share the compiled function, so compilation happens once,
     in the gate's first call.
     """
-    import torch
-
     key = repr((case.op, case.shape, case.dtype, case.device))
     if key not in _compiled:
-        config = torch._dynamo.config
-        for name in ("recompile_limit", "accumulated_recompile_limit"):
-            if hasattr(config, name):
-                setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-        if hasattr(config, "fail_on_recompile_limit_hit"):
-            config.fail_on_recompile_limit_hit = True
-        _compiled[key] = torch.compile(op_spec(case.op).manual, dynamic=False)
+        _compiled[key] = static_compile(op_spec(case.op).manual)
     return _compiled[key]
+
+
+def static_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compile(fn, dynamic=False)``, with dynamo's recompile limit raised to RECOMPILE_LIMIT and reaching it
+    an error: every shape and dtype it is called with keeps a static graph of its own, never eager PyTorch."""
+    import torch
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "accumulated_recompile_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
+    return torch.compile(fn, dynamic=False)
 
 
 # ---------------------------------------------------------------- the five kinds
