@@ -27,13 +27,14 @@ from gpulab.device import DeviceInfo, detect
 from gpulab.hip_standalone import (
     HIP_STANDALONE,
     SOURCE,
+    _measured,
     compile_command,
     parse_output,
     plan_standalone,
     run_standalone,
 )
 from gpulab.tables import SchemaError
-from gpulab.timing import TimingSettings
+from gpulab.timing import TimingSettings, is_stable
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "build"
@@ -270,6 +271,11 @@ def test_parse_output_of_the_h100_run() -> None:
     assert dev["name"] == "NVIDIA H100 80GB HBM3" and dev["arch"] == "sm_90" and dev["warp_size"] == "32"
     assert [r["size"] for r in results] == [1024, 98432, 1048576, 16777216, 67108864]
     assert all(r["correct"] and r["mismatches"] == 0 and len(r["samples_ms"]) >= 10 for r in results)
+    # Each timed size is judged stable or not by the rule every measured row follows.
+    rows = [_measured(r, r["size"], FAST) for r in results]
+    assert [row["stable"] for row in rows] == [is_stable(row["mean_ms"], row["median_ms"], row["cv"], row["reps"])
+                                               for row in rows]
+    assert all(row["stable"] is True for row in rows)  # 357-1000 repetitions, cv at most 0.04 on the H100
 
 
 # ------------------------------------------------------------------------- the CPU extension
@@ -567,9 +573,9 @@ def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
     assert "192 of 192 cases within tolerance" in text  # CPU
     assert "17 of 17 bad-input cases refused with a clear message" in text and "1 skipped" in text  # CPU
     assert "must be contiguous, got strides [1, 48]" in text
-    assert "an apparent 9.1× speed-up" in text and "the native add is 0.6% faster" in text
+    assert "an apparent 7.6× speed-up" in text and "the native add is 0.8% faster" in text
     assert "Run skipped: no AMD GPU" in text and "hipErrorNoDevice" in text
-    assert "3.53" in text and "sm_90" in text and "gfx90a" in text
+    assert "10.4" in text and "sm_90" in text and "gfx90a" in text
     assert section.count("data:image/png;base64,") == 2
     assert 'href="' in section and "extension_build.log" in section
 

@@ -625,3 +625,18 @@ def test_no_figure_text_is_smaller_than_the_floor():
                 stack.extend(item)
     assert len(found) >= 8
     assert min(f.smallest_text_pt for f in found) >= plots.SMALL_PT
+
+
+def test_rows_their_step_did_not_judge_are_not_called_unstable(tmp_path):
+    shutil.copytree(Path(__file__).parent / "fixtures" / "build" / "results", tmp_path / "results")
+    path = tmp_path / "results" / "h100" / "build" / "hip_standalone.csv"
+    table = pd.read_csv(path)
+    timed = table["reps"].notna()
+    table["stable"] = ""  # as the standalone program's rows were written before they were judged
+    table.to_csv(path, index=False)
+    assert "build/hip_standalone.csv" not in {u["table"] for u in findings.instability(
+        ResultsIndex(tmp_path / "results"), "h100")}
+    table["stable"] = table["stable"].where(~timed, "False")
+    table.to_csv(path, index=False)
+    judged = {u["table"]: u for u in findings.instability(ResultsIndex(tmp_path / "results"), "h100")}
+    assert judged["build/hip_standalone.csv"]["unstable"] == judged["build/hip_standalone.csv"]["rows"] == timed.sum()

@@ -22,7 +22,7 @@ from typing import Any
 from gpulab.device import DeviceInfo, detect, offload_archs, probe
 from gpulab.paths import HIP_PROGRAM, PACKAGE_DIR, default_cache_root
 from gpulab.tables import Column, TableSchema, write_atomic
-from gpulab.timing import TimingSettings, summarize
+from gpulab.timing import TimingSettings, is_stable, summarize
 from gpulab.tools import ToolResult, run_tool
 
 SOURCE = PACKAGE_DIR / HIP_PROGRAM
@@ -237,13 +237,14 @@ def _run_rows(ran: ToolResult, plan: StandalonePlan, sizes: list[int], timing: T
 
 
 def _measured(result: Mapping[str, Any], n: int, timing: TimingSettings) -> dict[str, Any]:
-    stats = summarize(result["samples_ms"])
+    stats, reps = summarize(result["samples_ms"]), len(result["samples_ms"])
     return dict(
         status="ok" if result["correct"] else "incorrect",
         reason="" if result["correct"] else f"{result['mismatches']} of {n} elements differ from a + b",
         correct=result["correct"], mismatches=result["mismatches"], kernel_ms=stats["median_ms"],
         gbps=BYTES_PER_ELEMENT * n / (stats["median_ms"] / 1e3) / 1e9 if stats["median_ms"] > 0 else math.nan,
-        **stats, reps=len(result["samples_ms"]), warmup_reps=timing.warmup_reps,
+        **stats, reps=reps, stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], reps),
+        warmup_reps=timing.warmup_reps,
         first_call_ms=result["first_call_ms"], timer="device_event",
         cache_policy="flush" if timing.flush_cache else "none",
     )

@@ -150,6 +150,8 @@ def instability(results: ResultsIndex, target: str) -> list[dict[str, Any]]:
     for group, frames in sorted(groups.items(), key=lambda item: _group_rank(item[0])):
         ok = pd.concat(frames, ignore_index=True)
         measured = ok[pd.to_numeric(ok.get("reps"), errors="coerce").notna()] if "reps" in ok else ok
+        # A row its step did not judge (an empty ``stable``, as older standalone tables have) is not called unstable.
+        measured = measured[measured["stable"].astype(str).str.strip().str.lower().isin(("true", "false", "1", "0"))]
         unstable = measured[~_true(measured["stable"])]
         if unstable.empty:
             continue
