@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gpulab.device import detect
-from gpulab.llm import bench, checks, figures, probe
+from gpulab.llm import bench, checks, figures, probe, qwen2
 from gpulab.llm.bench import LLM, Sizes, kernels_path, run_llm
 from gpulab.llm.engines import ENGINES, ExactEngine, HfEngine
 from gpulab.llm.exact import ExactDecoder
@@ -223,6 +223,23 @@ def test_fast_passes_teacher_forcing_and_differs_from_transformers_only_in_round
     assert values["tokens_match"]
     exact_logits, _ = ExactDecoder(tiny.model, 128, [], EAGER, "none").teacher(ids, 48)
     assert torch.equal(exact_logits, reference)  # the verifier runs transformers' very operations
+
+
+def test_a_prompts_next_token_runs_the_last_layer_for_the_last_position_only(tiny):
+    """A prompt whose next token alone is wanted: the same last-position logits and greedy choice as the run that
+    keeps every position, and the same cache (the decode steps after it attend to every position)."""
+    fast = FastDecoder(tiny.model, 128, [], EAGER)
+    ids = torch.randint(0, 100, (40,), generator=torch.Generator().manual_seed(3))
+    every = fast.prefill(ids, Sampling.greedy(), all_logits=True)
+    chosen, cache = fast.chosen.clone(), [t.clone() for t in (*fast.cache.k, *fast.cache.v)]
+    last = fast.prefill(ids, Sampling.greedy())
+    assert last.shape == (1, every.shape[1])
+    assert float((last - every[-1:]).norm() / every[-1:].norm()) < 2e-2  # one-row products round elsewhere
+    assert torch.equal(fast.chosen, chosen)
+    assert all(torch.equal(a, b) for a, b in zip(cache, (*fast.cache.k, *fast.cache.v), strict=True))
+    kept = qwen2.hidden(fast.weights, fast.cache, ids.view(1, -1), torch.arange(40), qwen2.prefill_attention,
+                        last_only=True)
+    assert kept.shape == (1, 1, fast.weights.dims.hidden)
 
 
 @pytest.mark.slow
@@ -462,7 +479,8 @@ def test_a_failed_check_marks_every_time_of_the_engine_incorrect(tiny, monkeypat
 def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_eager(tiny):
     """On a GPU the fast engine compiles its prefill's layer (dynamic shapes); Inductor's CPU backend runs the
     same trace here: one graph for every layer and for prompts of 16 and 40 tokens, the logits those of the eager
-    layers up to bf16 rounding (fused kernels round in other places: the teacher-forcing check's 2e-2)."""
+    layers up to bf16 rounding (fused kernels round in other places: the teacher-forcing check's 2e-2), for every
+    position's logits and for the next token's alone."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()  # the one layer function is compiled once per process: an earlier test may have done it
@@ -474,6 +492,9 @@ def test_the_compiled_prefill_is_one_graph_for_every_prompt_length_and_matches_e
         got = compiled.prefill(ids, Sampling.greedy(), all_logits=True)
         want = eager.prefill(ids, Sampling.greedy(), all_logits=True)
         assert float((got - want).norm() / want.norm()) < 2e-2
+        # The next token alone: the last layer runs uncompiled for the last position, no second graph.
+        got = compiled.prefill(ids, Sampling.greedy())
+        assert float((got - want[-1:]).norm() / want[-1:].norm()) < 2e-2
     assert compiled.prefill_note == "compiled prefill (no device graphs)"
     assert eager.prefill_note == "eager prefill (no device graphs)"
     assert counters["stats"]["unique_graphs"] - graphs == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -147,12 +148,16 @@ class Decoder:
     @torch.no_grad()
     def teacher(self, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (T, vocab) and greedy choices (T,) at every position of ``ids`` (1-D): the first ``split``
-        through the prefill, the rest one decode step each, the input forced to the given token."""
+        through the prefill (the last of them as a prompt's next token is computed), the rest one decode step
+        each, the input forced to the given token."""
         if ids.numel() >= self.max_len:
             raise ValueError(f"teacher forcing {ids.numel()} tokens needs a cache longer than {self.max_len}")
         greedy = Sampling.greedy()
-        logits = [self.prefill(ids[:split], greedy, all_logits=True).cpu()]
-        chosen = [logits[0].argmax(-1)]
+        every = self.prefill(ids[:split], greedy, all_logits=True).cpu()
+        # The prompt's last position as generation computes it (the last layer for that position alone).
+        last = self.prefill(ids[:split], greedy).cpu()
+        logits = [every[:-1], last]
+        chosen = [every[:-1].argmax(-1), self.chosen.cpu()]
         for position in range(split, int(ids.numel())):
             self.state.token.fill_(int(ids[position]))
             self.state.pos.fill_(position)
@@ -184,7 +189,9 @@ class FastDecoder(Decoder):
         self.compile_note = "compiled prefill" if settings.compile else "eager prefill"
         self.graphs = Graphs(settings, self.device, lambda s: [lambda: self._step_eager(s)], lambda i: None,
                              self._snapshot, self._restore, self._fallback, "one device graph per step")
-        self.prefill_graphs = LengthGraphs(self._prefill_hidden, self.graphs.enabled)
+        # A prompt's next token needs the last position alone; teacher forcing needs every position's logits.
+        self.prefill_graphs = {last: LengthGraphs(partial(self._prefill_hidden, last_only=last), self.graphs.enabled)
+                               for last in (True, False)}
         self.logits = torch.zeros(1, self.weights.dims.vocab, device=self.device)
         self.chosen = torch.zeros(1, dtype=torch.long, device=self.device)
 
@@ -209,7 +216,7 @@ class FastDecoder(Decoder):
 
     @property
     def prefill_note(self) -> str:
-        return f"{self.compile_note} ({self.prefill_graphs.mode})"
+        return f"{self.compile_note} ({self.prefill_graphs[True].mode})"
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, sampling: Sampling, all_logits: bool = False) -> torch.Tensor:
@@ -217,7 +224,7 @@ class FastDecoder(Decoder):
         length = self._start(ids)
         ids = ids.to(self.device).view(1, -1)
         if length > 1:
-            hidden = self.prefill_graphs(ids)
+            hidden = self.prefill_graphs[not all_logits](ids)
         else:  # one token: the decode kernels
             hidden = qwen2.hidden(self.weights, self.cache, ids, torch.zeros(1, dtype=torch.long, device=self.device),
                                   qwen2.prefill_attention)
@@ -225,16 +232,16 @@ class FastDecoder(Decoder):
         self._first_choice(logits, sampling, length)
         return logits
 
-    def _prefill_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+    def _prefill_hidden(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         """The compiled prefill, or eager layers with the reason where compiling fails."""
         args = (self.weights, self.cache, ids, torch.arange(ids.shape[-1], device=self.device),
                 qwen2.prefill_attention)
         try:
-            return qwen2.hidden(*args, run_layer=self.prefill_layer)
+            return qwen2.hidden(*args, run_layer=self.prefill_layer, last_only=last_only)
         except Exception as exc:  # an Inductor failure must not lose the measurement
             if self.prefill_layer is qwen2.layer:
                 raise
             self.compile_note = f"eager prefill: compiling failed ({type(exc).__name__}: {str(exc)[:160]})"
             log.warning("%s", self.compile_note)
             self.prefill_layer = qwen2.layer
-            return qwen2.hidden(*args)
+            return qwen2.hidden(*args, last_only=last_only)

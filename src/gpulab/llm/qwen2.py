@@ -332,30 +332,38 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
 
 def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, cache_v: torch.Tensor,
           pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
-          pending: torch.Tensor | None = None) -> Stream:
+          pending: torch.Tensor | None = None, last_only: bool = False) -> Stream:
     """One decoder layer over ``x + pending`` (1, T, hidden) at positions ``pos`` (T,), writing K/V into the
     cache: ``attend`` is :func:`prefill_attention` or :func:`decode_attention`. Returns the stream as
     :func:`swiglu` leaves it. The previous layer's ``pending`` output is added here, where a compiled layer
     fuses the sum into the norm's pass (a prompt's layer, compiled on its own, otherwise ended with a pass of its
-    own for it)."""
+    own for it). With ``last_only`` every position's K/V still goes into the cache, and the rest of the layer
+    runs for the last position alone (a model's last layer, when only the next token is wanted)."""
     if pending is not None:
         x = x + pending
     qkv = linear(x, w.wqkv, w.bqkv, norm=(w.in_norm, dims.eps))
-    x = linear(attend(qkv, cos, sin, cache_k, cache_v, pos, dims), w.wo, residual=x)
+    attended = attend(qkv, cos, sin, cache_k, cache_v, pos, dims)
+    if last_only:
+        x, attended = x[:, -1:], attended[:, -1:]
+    x = linear(attended, w.wo, residual=x)
     return swiglu(x, (w.post_norm, dims.eps), w.w13, w.wd)
 
 
 def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
-           run_layer: Callable[..., Stream] = layer) -> torch.Tensor:
+           run_layer: Callable[..., Stream] = layer, last_only: bool = False) -> torch.Tensor:
     """The last layer's output (1, T, hidden) for ``ids`` (1, T) placed at ``pos`` (T,), the cache filled;
-    ``run_layer`` is :func:`layer` or a compiled form of it."""
+    ``run_layer`` is :func:`layer` or a compiled form of it. With ``last_only`` the output is the last position's
+    (1, 1, hidden): the last layer runs past attention for that position alone (llama.cpp's prompt does the same),
+    and uncompiled, as its products are then one-token ones."""
     embedded = F.embedding(ids, weights.embed)
     # The stream starts at zero with the embedding pending, so every layer takes the same arguments (a compiled
     # layer then serves the first layer too).
     x, pending = torch.zeros_like(embedded), embedded
     cos, sin = weights.cos[pos], weights.sin[pos]
+    last = len(weights.layers) - 1
     for index, w in enumerate(weights.layers):
-        x, pending = run_layer(x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend, pending)
+        args = (x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend, pending)
+        x, pending = layer(*args, last_only=True) if last_only and index == last else run_layer(*args)
     return x if pending is None else x + pending
 
 
@@ -371,5 +379,5 @@ def logits(weights: Weights, x: torch.Tensor) -> torch.Tensor:
 def forward(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
             all_logits: bool = False) -> torch.Tensor:
     """float32 logits of the last position (or of every position) of ``ids`` (1, T) placed at ``pos`` (T,)."""
-    x = hidden(weights, cache, ids, pos, attend)
+    x = hidden(weights, cache, ids, pos, attend, last_only=not all_logits)
     return logits(weights, x if all_logits else x[:, -1:])
