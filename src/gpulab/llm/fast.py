@@ -228,7 +228,7 @@ class FastDecoder(Decoder):
         else:  # one token: the decode kernels
             hidden = qwen2.hidden(self.weights, self.cache, ids, torch.zeros(1, dtype=torch.long, device=self.device),
                                   qwen2.prefill_attention)
-        logits = qwen2.logits(self.weights, hidden if all_logits else hidden[:, -1:])
+        logits = qwen2.logits(self.weights, hidden)  # the last position alone unless all_logits
         self._first_choice(logits, sampling, length)
         return logits
 

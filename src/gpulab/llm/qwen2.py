@@ -379,5 +379,4 @@ def logits(weights: Weights, x: torch.Tensor) -> torch.Tensor:
 def forward(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
             all_logits: bool = False) -> torch.Tensor:
     """float32 logits of the last position (or of every position) of ``ids`` (1, T) placed at ``pos`` (T,)."""
-    x = hidden(weights, cache, ids, pos, attend, last_only=not all_logits)
-    return logits(weights, x if all_logits else x[:, -1:])
+    return logits(weights, hidden(weights, cache, ids, pos, attend, last_only=not all_logits))
