@@ -531,10 +531,12 @@ class Ceilings:
         """Per row of the table: the regime of its memory pattern, dtype and size (empty for matmul and
         rows that are not ok)."""
         t = self.table
-        return pd.Series([self.lookup(r.kind, r.dtype, r.tensor_bytes).regime
-                          if r.kind in PATTERN_TRANSFERS and r.status == "ok" else ""
-                          for r in t[["kind", "dtype", "tensor_bytes", "status"]].itertuples(index=False)],
-                         index=t.index, dtype=object)
+        out = pd.Series("", index=t.index, dtype=object)
+        memory = t[t["kind"].isin(list(PATTERN_TRANSFERS)) & (t["status"] == "ok")]
+        # One lookup per measured size, not per method's row: the report asks this of the whole table.
+        for (kind, dtype, tensor_bytes), group in memory.groupby(["kind", "dtype", "tensor_bytes"], sort=False):
+            out[group.index] = self.lookup(kind, dtype, tensor_bytes).regime
+        return out
 
     def matmul_tflops(self, dtype: str) -> float:
         return self.matmul(dtype).gbps
