@@ -50,10 +50,11 @@ class State:
                    torch.tensor(sorted(set(eos_ids)) or [-1], **long))
 
     def start(self, ids: torch.Tensor) -> None:
+        """A new sequence of prompt ``ids`` (1-D, on the device): device work only, so a prefill's graph holds it."""
         self.tokens.zero_()
-        self.tokens[: ids.numel()] = ids
+        self.tokens[: ids.numel()].copy_(ids)
         self.presence.zero_()
-        self.presence[ids] = True
+        self.presence.index_fill_(0, ids, True)
         self.done.zero_()
 
     def advance(self, logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
@@ -97,10 +98,14 @@ class Decoder:
         for tensor, value in zip((s.token, s.pos, s.tokens, s.presence, s.done), saved, strict=True):
             tensor.copy_(value)
 
-    def _start(self, ids: torch.Tensor) -> int:
+    def _fits(self, ids: torch.Tensor) -> int:
         length = int(ids.numel())
         if length < 1 or length >= self.max_len:
             raise ValueError(f"prompt of {length} tokens does not fit a cache of {self.max_len}")
+        return length
+
+    def _start(self, ids: torch.Tensor) -> int:
+        length = self._fits(ids)
         self.state.start(ids.to(self.device))
         return length
 
@@ -221,11 +226,12 @@ class FastDecoder(Decoder):
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor, sampling: Sampling, all_logits: bool = False) -> torch.Tensor:
         """The prompt (1-D ids) through the model in one batch; fills the cache and chooses the next token."""
-        length = self._start(ids)
+        length = self._fits(ids)
         ids = ids.to(self.device).view(1, -1)
-        if length > 1:
+        if length > 1:  # the sequence state's reset is in the prompt's graph, with the layers
             hidden = self.prefill_graphs[not all_logits](ids)
         else:  # one token: the decode kernels
+            self.state.start(ids[0])
             hidden = qwen2.hidden(self.weights, self.cache, ids, torch.zeros(1, dtype=torch.long, device=self.device),
                                   qwen2.prefill_attention)
         logits = qwen2.logits(self.weights, hidden)  # the last position alone unless all_logits
@@ -233,7 +239,9 @@ class FastDecoder(Decoder):
         return logits
 
     def _prefill_hidden(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
-        """The compiled prefill, or eager layers with the reason where compiling fails."""
+        """The sequence state reset for prompt ``ids`` (1, T), then the compiled prefill, or eager layers with the
+        reason where compiling fails."""
+        self.state.start(ids[0])
         args = (self.weights, self.cache, ids, torch.arange(ids.shape[-1], device=self.device),
                 qwen2.prefill_attention)
         try:
