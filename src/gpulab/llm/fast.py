@@ -1,5 +1,6 @@
-"""Engine ``fast`` (gpt-fast's design): a batched prefill (its layer compiled, flash attention) captured in one
-device graph per prompt length, and a :func:`decode_one_token` compiled with ``torch.compile`` whose whole step,
+"""Engine ``fast`` (gpt-fast's design): a batched prefill (its layer compiled, flash attention) captured in two
+device graphs per prompt length (a short first one, so the device starts while the host launches the second),
+and a :func:`decode_one_token` compiled with ``torch.compile`` whose whole step,
 the token choice included, is captured in ONE device graph per sampling setting.
 
 Every buffer the graph touches lives in :class:`State`: the next input token and its position, the tokens so
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,6 +31,9 @@ from gpulab.llm.study import Sampling
 log = logging.getLogger(__name__)
 
 CHECK_EVERY = 16  # decode steps between end-of-sequence checks (the only host synchronisations)
+# Layers in a prompt's first device graph: few enough that it launches at once, enough that the device is still
+# running them when the host has launched the graph of the other layers.
+FIRST_GRAPH_LAYERS = 4
 
 
 @dataclass
@@ -238,18 +243,23 @@ class FastDecoder(Decoder):
         self._first_choice(logits, sampling, length)
         return logits
 
-    def _prefill_hidden(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+    def _prefill_hidden(self, ids: torch.Tensor, cut: Callable[[], None], last_only: bool) -> torch.Tensor:
         """The sequence state reset for prompt ``ids`` (1, T), then the compiled prefill, or eager layers with the
-        reason where compiling fails."""
+        reason where compiling fails; ``cut()`` after the first ``FIRST_GRAPH_LAYERS`` layers."""
         self.state.start(ids[0])
         args = (self.weights, self.cache, ids, torch.arange(ids.shape[-1], device=self.device),
                 qwen2.prefill_attention)
+
+        def after_layer(index: int) -> None:
+            if index == FIRST_GRAPH_LAYERS - 1:
+                cut()
+
         try:
-            return qwen2.hidden(*args, run_layer=self.prefill_layer, last_only=last_only)
+            return qwen2.hidden(*args, run_layer=self.prefill_layer, last_only=last_only, after_layer=after_layer)
         except Exception as exc:  # an Inductor failure must not lose the measurement
             if self.prefill_layer is qwen2.layer:
                 raise
             self.compile_note = f"eager prefill: compiling failed ({type(exc).__name__}: {str(exc)[:160]})"
             log.warning("%s", self.compile_note)
             self.prefill_layer = qwen2.layer
-            return qwen2.hidden(*args, last_only=last_only)
+            return qwen2.hidden(*args, last_only=last_only, after_layer=after_layer)

@@ -131,22 +131,26 @@ class Graphs:
 
 
 class LengthGraphs:
-    """One device graph per input length of ``fn(ids)`` (ids ``(1, T)``; its output is consumed before the next
+    """Device graphs per input length of ``fn(ids, cut)`` (ids ``(1, T)``; its output is consumed before the next
     call): engine ``fast``'s prefill. Its 28 compiled layer calls cost the H100's host 2.5 to 15 ms a 512-token
     prompt, varying from host to host (Dynamo's guards, the dynamic-shape wrapper), beside 12 ms of kernels;
     replayed, a prompt of a length met before costs its kernels only. A new length runs ``WARM_STEPS`` times on
     a side stream, then is captured (so it is slower once, as a first call is anyway); a failing capture turns
     the graphs off for good, the reason in :attr:`mode`.
+
+    ``fn`` may call ``cut()`` where one graph should end and the next begin: launching a graph of a whole prompt
+    took the H100's host about 0.5 ms, during which the device waited, so a short first graph lets the device
+    start while the host launches the rest (``cut`` does nothing when ``fn`` runs uncaptured).
     """
 
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], enabled: bool) -> None:
+    def __init__(self, fn: Callable[[torch.Tensor, Callable[[], None]], torch.Tensor], enabled: bool) -> None:
         self.fn, self.enabled = fn, enabled
-        self.captured: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        self.mode = "one device graph per prompt length" if enabled else "no device graphs"
+        self.captured: dict[int, tuple[list[torch.cuda.CUDAGraph], torch.Tensor, torch.Tensor]] = {}
+        self.mode = "device graphs per prompt length" if enabled else "no device graphs"
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
-            return self.fn(ids)
+            return self.fn(ids, _no_cut)
         length = int(ids.shape[-1])
         if length not in self.captured:
             try:
@@ -156,26 +160,44 @@ class LengthGraphs:
                 self.enabled, self.captured = False, {}
                 self.mode = f"no device graphs: capture failed ({type(exc).__name__}: {str(exc)[:160]})"
                 log.warning("prefill %s", self.mode)
-                return self.fn(ids)
-        graph, static_ids, out = self.captured[length]
+                return self.fn(ids, _no_cut)
+        graphs, static_ids, out = self.captured[length]
         static_ids.copy_(ids)
-        graph.replay()
+        for graph in graphs:
+            graph.replay()
         return out
 
-    def _capture(self, ids: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, ids: torch.Tensor) -> tuple[list[torch.cuda.CUDAGraph], torch.Tensor, torch.Tensor]:
         static_ids = ids.clone()
         start = time.perf_counter()
-        warm_on_side_stream(lambda: self.fn(static_ids), WARM_STEPS)
+        warm_on_side_stream(lambda: self.fn(static_ids, _no_cut), WARM_STEPS)
         warmed = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self.fn(static_ids)
+        graphs = [torch.cuda.CUDAGraph()]
+        pool = torch.cuda.graph_pool_handle()
+
+        def cut() -> None:  # the graphs share one memory pool, so a later one reads what an earlier one wrote
+            graphs[-1].capture_end()
+            graphs.append(torch.cuda.CUDAGraph())
+            graphs[-1].capture_begin(pool=pool)
+
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.Stream()):  # capturing needs a stream other than the default one
+            graphs[0].capture_begin(pool=pool)
+            try:
+                out = self.fn(static_ids, cut)
+            finally:
+                graphs[-1].capture_end()
         torch.cuda.synchronize()
         captured = time.perf_counter()
-        graph.replay()  # once more, to tell what a replay costs the host from what it costs the device
+        for graph in graphs:  # once more, to tell what the replays cost the host from what they cost the device
+            graph.replay()
         launched = time.perf_counter()
         torch.cuda.synchronize()
-        log.info("prefill of %d tokens: warm-up (compiling) %.1f s, capture %.1f s; a replay launches in %.0f us on "
-                 "the host and is done %.2f ms after the call", ids.shape[-1], warmed - start, captured - warmed,
-                 (launched - captured) * 1e6, (time.perf_counter() - captured) * 1e3)
-        return graph, static_ids, out
+        log.info("prefill of %d tokens: warm-up (compiling) %.1f s, capture %.1f s; its %d graphs launch in %.0f us "
+                 "on the host and are done %.2f ms after the call", ids.shape[-1], warmed - start, captured - warmed,
+                 len(graphs), (launched - captured) * 1e6, (time.perf_counter() - captured) * 1e3)
+        return graphs, static_ids, out
+
+
+def _no_cut() -> None:
+    """Uncaptured, a prefill has no graphs to cut."""

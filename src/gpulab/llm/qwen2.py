@@ -350,11 +350,12 @@ def layer(x: torch.Tensor, w: LayerWeights, dims: Dims, cache_k: torch.Tensor, c
 
 
 def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tensor, attend: Attend,
-           run_layer: Callable[..., Stream] = layer, last_only: bool = False) -> torch.Tensor:
+           run_layer: Callable[..., Stream] = layer, last_only: bool = False,
+           after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
     """The last layer's output (1, T, hidden) for ``ids`` (1, T) placed at ``pos`` (T,), the cache filled;
     ``run_layer`` is :func:`layer` or a compiled form of it. With ``last_only`` the output is the last position's
     (1, 1, hidden): the last layer runs past attention for that position alone (llama.cpp's prompt does the same),
-    and uncompiled, as its products are then one-token ones."""
+    and uncompiled, as its products are then one-token ones. ``after_layer(index)`` is called after each layer."""
     embedded = F.embedding(ids, weights.embed)
     # The stream starts at zero with the embedding pending, so every layer takes the same arguments (a compiled
     # layer then serves the first layer too).
@@ -364,6 +365,8 @@ def hidden(weights: Weights, cache: KVCache, ids: torch.Tensor, pos: torch.Tenso
     for index, w in enumerate(weights.layers):
         args = (x, w, weights.dims, cache.k[index], cache.v[index], pos, cos, sin, attend, pending)
         x, pending = layer(*args, last_only=True) if last_only and index == last else run_layer(*args)
+        if after_layer is not None:
+            after_layer(index)
     return x if pending is None else x + pending
 
 
