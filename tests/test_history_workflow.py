@@ -1,6 +1,6 @@
 """Nothing measured is lost, as a user sees it in a real (small) workflow run: a target copied in from elsewhere
-renders with a plain run, a failed re-measurement keeps the last good table (stale, measured again next run), and
-a forced measurement killed midway is measured again after --unlock."""
+renders with a plain run and is never measured again here, a failed re-measurement keeps the last good table
+(stale, measured again next run), and a forced measurement killed midway is measured again after --unlock."""
 
 from __future__ import annotations
 
@@ -51,6 +51,23 @@ def test_a_target_copied_in_renders_with_a_plain_run(done, tmp_path):
     assert planned_jobs(proc) == {"report_render": 1, "all": 1}
     html = (work / "reports/report.html").read_text()
     assert "evil" in html and "baseline target <code>local</code>" in html
+
+
+def test_a_target_copied_in_without_its_times_is_read_not_measured_again(done, tmp_path):
+    """A plain copy (cp -r, scp, an unzip) gives every file a new time, often leaving a step's inputs newer than its
+    outputs: the run must still only read that target, never re-measure it on this machine under its name."""
+    work = _copy(done, tmp_path / "plain")
+    copied = work / "results/evil"
+    shutil.copytree(work / "results/local", copied, symlinks=True, copy_function=shutil.copy)
+    later = time.time() + 5
+    for upstream in ("env/env.json", "bench/ceilings.csv"):
+        os.utime(copied / upstream, (later, later))
+    before = {p: p.read_bytes() for p in copied.rglob("*") if p.is_file()}
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert planned_jobs(proc) == {"report_render": 1, "all": 1}
+    assert {p: p.read_bytes() for p in copied.rglob("*") if p.is_file()} == before
+    assert "evil" in (work / "reports/report.html").read_text()
 
 
 def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):
