@@ -177,3 +177,27 @@ def test_only_jobs_holding_the_gpu_resource_claim_the_device(resources, expected
     from gpulab.step import holds_gpu
 
     assert holds_gpu(SimpleNamespace(resources=SimpleNamespace(**resources))) is expected
+
+
+def test_a_job_refuses_to_measure_its_target_on_another_machine(tmp_path, monkeypatch):
+    """A target's rows carry its env.json's fingerprint: measured on another device they would be labelled as the
+    target's machine, so the job stops with what to do instead."""
+    import json
+
+    from gpulab import device
+
+    env_json = tmp_path / "h100" / "env" / "env.json"
+    env_json.parent.mkdir(parents=True)
+    env_json.write_text(json.dumps({"device": {"name": "NVIDIA H100 80GB HBM3", "backend": "cuda"}}))
+    here = DeviceInfo(backend="cpu", torch_version="2", hip_version=None, cuda_version=None, gpu_available=False,
+                      name="AMD EPYC 7B13")
+    monkeypatch.setattr(device, "_detect_uncached", lambda: here)
+    monkeypatch.setattr(device, "_EXPECTED", {})
+    assert device.probe() == here  # no target expected: any device
+    device.expect_device(env_json)
+    with pytest.raises(device.WrongMachineError, match=r"describes NVIDIA H100 80GB HBM3 \(cuda\), but this job runs "
+                       r"on AMD EPYC 7B13 \(cpu\): target 'h100'.*--config target=NAME"):
+        device.probe()
+    env_json.write_text(json.dumps({"device": {"name": "AMD EPYC 7B13", "backend": "cpu"}}))
+    device.expect_device(env_json)
+    assert device.probe() == here

@@ -4,6 +4,7 @@ renders with a plain run and is never measured again here, a failed re-measureme
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -68,6 +69,30 @@ def test_a_target_copied_in_without_its_times_is_read_not_measured_again(done, t
     assert planned_jobs(proc) == {"report_render": 1, "all": 1}
     assert {p: p.read_bytes() for p in copied.rglob("*") if p.is_file()} == before
     assert "evil" in (work / "reports/report.html").read_text()
+
+
+def test_a_target_copied_in_is_not_measured_here_under_its_name(done, tmp_path):
+    """Run again under the copied target's own name (--config target=...), a step that would measure it here stops
+    with what to do instead: its rows would carry the fingerprint of the machine its env.json describes."""
+    work = _copy(done, tmp_path / "renamed")
+    copied = work / "results/h100"
+    shutil.copytree(work / "results/local", copied, symlinks=True)
+    env_json = copied / "env/env.json"
+    times = env_json.stat()
+    env = json.loads(env_json.read_text())
+    env["device"].update(name="NVIDIA H100 80GB HBM3", backend="cuda")
+    env_json.write_text(json.dumps(env))
+    os.utime(env_json, ns=(times.st_atime_ns, times.st_mtime_ns))
+    later = time.time() + 5
+    os.utime(copied / "bench/ceilings.csv", (later, later))
+    cell = copied / "bench/cells/gelu__native.csv"
+    good = cell.read_bytes()
+    proc = snakemake(work, "results/h100/bench/cells/gelu__native.csv", "--configfile", "config.yaml", "small.yaml",
+                     "--config", "target=h100")
+    assert proc.returncode != 0
+    assert ("results/h100/env/env.json describes NVIDIA H100 80GB HBM3 (cuda), but this job runs on "
+            in proc.stderr), proc.stderr[-3000:]
+    assert cell.read_bytes() == good
 
 
 def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):

@@ -8,10 +8,12 @@ re-derives any of this: they call :func:`detect`.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from gpulab.device_lock import claim_armed, claim_device
@@ -206,12 +208,40 @@ def gpu_driver_present(nodes: tuple[str, ...] = GPU_DRIVER_NODES) -> bool:
     return any(os.path.exists(node) for node in nodes)
 
 
+class WrongMachineError(RuntimeError):
+    """A job of a target runs on another device than the one the target's environment was captured on."""
+
+
+# The device of the target a job measures, from its env.json (:func:`expect_device`); empty: anything goes.
+_EXPECTED: dict[str, str] = {}
+
+
+def expect_device(env_json: str | Path) -> None:
+    """Make this process's detections refuse a device other than the one ``results/<target>/env/env.json``
+    describes: the target's rows carry that environment's fingerprint, so they must be measured on it (a target
+    copied in from another machine and run again under its name would otherwise be labelled as that machine)."""
+    device = json.loads(Path(env_json).read_text()).get("device") or {}
+    if device.get("name") and device.get("backend"):
+        _EXPECTED.update(env_json=str(env_json), name=device["name"], backend=device["backend"])
+
+
+def _checked(info: DeviceInfo) -> DeviceInfo:
+    if _EXPECTED and (info.backend, info.name) != (_EXPECTED["backend"], _EXPECTED["name"]):
+        env_json = Path(_EXPECTED["env_json"])
+        target = env_json.parent.parent.name
+        raise WrongMachineError(
+            f"{env_json} describes {_EXPECTED['name']} ({_EXPECTED['backend']}), but this job runs on {info.name} "
+            f"({info.backend}): target {target!r} is measured on its own machine. Measure this one under its own "
+            f"name (--config target=NAME), or delete {env_json} to capture this machine as {target!r} afresh.")
+    return info
+
+
 @functools.cache
 def detect() -> DeviceInfo:
     """Detect once per process; every step calls this. In a job that holds the ``gpu`` resource of a local run,
     the first detection of a GPU also claims the device (:mod:`gpulab.device_lock`): the job's device work starts
-    here."""
-    info = _detect_uncached()
+    here. A device other than the one the job's target was captured on (:func:`expect_device`) stops the job."""
+    info = _checked(_detect_uncached())
     if info.gpu_available and claim_armed():
         claim_device()
     return info
@@ -220,7 +250,7 @@ def detect() -> DeviceInfo:
 def probe() -> DeviceInfo:
     """The device as :func:`detect` sees it, without claiming it: for a build that only needs its architecture,
     so that the compiler runs while another job measures."""
-    return _detect_uncached()
+    return _checked(_detect_uncached())
 
 
 def synchronize(device: DeviceInfo | str | None = None) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulab.cluster import apply_target_env
+from gpulab.device import expect_device
 from gpulab.device_lock import arm_device_claim, start_waits_record
 from gpulab.failures import EXIT_RECORD
 from gpulab.logs import to_log
@@ -100,6 +101,9 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
     def body() -> None:
         if holds_gpu(snakemake):
             arm_device_claim()
+            env_json = getattr(snakemake.input, "env", None)
+            if env_json:
+                expect_device(env_json)
         main(Step(snakemake))
 
     code = run_watched(body)
