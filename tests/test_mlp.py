@@ -287,10 +287,10 @@ def profiled(tmp_path_factory) -> Path:
     rows = measure_ceilings({"copy_mib": 1, "matmul_n": 128, "dtypes": ["fp32", "bf16"]}, timing,
                             target="local", fingerprint="test")
     CEILINGS.write(rows, root / "bench" / "ceilings.csv")
-    # The MLP step's own: its GEMM shapes and its Linear layer on its path (as workflow/scripts/mlp_profile.py).
+    # The MLP step's own: its GEMM shapes and its Linear layers on its path (as workflow/scripts/mlp_profile.py).
     shape = MLPShape(TINY["dim"], TINY["num_layers"], TINY["batch"], TINY["num_steps"])
     own = measure_gemm_ceilings(["fp32", "bf16"], gemm_shapes(shape), timing, target="local", fingerprint="test",
-                                mlp=(TINY["batch"], TINY["dim"]))
+                                mlp=shape)
     CEILINGS.write(own, root / "mlp" / "ceilings.csv")
     ceilings = Ceilings(pd.concat([Ceilings.load(root / "bench" / "ceilings.csv").table,
                                    Ceilings.load(root / "mlp" / "ceilings.csv").table], ignore_index=True))
@@ -336,9 +336,12 @@ def test_cpu_summary_rows(profiled):
 
 def test_the_matmul_ceiling_includes_the_mlp_path(profiled):
     table = CEILINGS.read(profiled / "mlp" / "ceilings.csv")
-    path = table[table["method"].str.startswith("linear fwd+bwd")]
-    assert set(path["method"]) == {"linear fwd+bwd (fp32)", "linear fwd+bwd (bf16)", "linear fwd+bwd (bf16_weights)"}
+    path = table[table["method"].str.startswith("linear stack fwd+bwd")].set_index("method")
+    assert set(path.index) == {f"linear stack fwd+bwd, 3 layers ({v})" for v in ("fp32", "bf16", "bf16_weights")}
     assert (path["status"] == "ok").all() and (path["size"] == "16x32x32").all()
+    # The stack does the step's products, the first layer's input gradient left out as the MLP's is.
+    flops = matmul_flops(MLPShape(TINY["dim"], TINY["num_layers"], TINY["batch"], TINY["num_steps"]))
+    assert path["tflops"].to_numpy() == pytest.approx(flops / (path["p10_ms"].to_numpy() / 1e3) / 1e12)
 
 
 def test_cpu_kernel_rows_are_classified_by_phase_and_category(profiled):

@@ -20,9 +20,9 @@ def main(step: Step) -> None:
     # The matmul ceiling at the MLP's own GEMM shapes, measured here: the MLP's settings never re-measure
     # bench/ceilings.csv (and so every benchmark cell placed against it).
     shape = resolve_shape(mlp, info)
-    # ... and on the MLP's own path: one of its Linear layers forward and backward in each variant's precision.
+    # ... and on the MLP's own path: its Linear layers forward and backward in each variant's precision.
     gemms = measure_gemm_ceilings(ceiling_dtypes(mlp["variants"]), gemm_shapes(shape), step.timing(),
-                                  target=step.target, fingerprint=step.fingerprint, mlp=(shape.batch, shape.dim),
+                                  target=step.target, fingerprint=step.fingerprint, mlp=shape,
                                   device=info)
     own = CEILINGS.write(gemms, step.output.ceilings)
     summary = profile_mlp(
