@@ -224,6 +224,38 @@ def test_llm_headline_is_decode_of_the_studys_model_not_prefill_or_the_tiny_mode
     assert not llm_headline(ResultsIndex(tmp_path), "absent").measured
 
 
+def test_llm_energy_figure_has_a_panel_per_target_and_model_with_power_guides(monkeypatch):
+    """Energy against time: one panel per (target, model), the engines by colour and the tests by marker in two
+    legends (no point labels to overlap), dotted constant-power guides labelled in watts; rows without a known
+    energy are left out, and with none the figure is not drawn."""
+    from gpulab.report.sections.llm import _energy_figure
+
+    def row(target, engine, test, ms, joules):
+        return {"target": target, "model": "m", "status": "ok", "engine": engine, "test": test, "mean_ms": ms,
+                "energy_j": joules}
+
+    df = pd.DataFrame([row("h100", "fast", "pp512", 11.0, 7.7), row("h100", "fast", "tg128", 700.0, 420.0),
+                       row("h100", "hf", "study", 40_000.0, 6_000.0), row("h100", "hf", "ttft512", 27.0, math.nan),
+                       row("h200", "fast", "tg128", 480.0, 340.0), row("h200", "fast", "pp512", 10.4, 7.2)])
+    drawn = {}
+    real_embed = plots.embed
+
+    def keep(fig, *args, **kwargs):
+        drawn["axes"] = [ax for ax in fig.axes if ax.get_visible()]
+        drawn["legends"] = [legend.get_title().get_text() for legend in fig.legends]
+        drawn["texts"] = [t.get_text() for ax in drawn["axes"] for t in ax.texts]
+        return real_embed(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "embed", keep)
+    figure = _energy_figure(df)
+    assert [ax.get_title() for ax in drawn["axes"]] == ["h100 · m", "h200 · m"]
+    assert drawn["legends"] == ["engine", "test"]
+    assert drawn["texts"] and all(re.fullmatch(r"\d+ W", t) for t in drawn["texts"])
+    assert len(figure.data) == 5 and figure.data["energy_j"].notna().all()
+    assert figure.smallest_text_pt >= plots.SMALL_PT
+    assert _energy_figure(df.assign(energy_j=math.nan)) is None
+
+
 def test_gelu_headline_says_when_its_row_set_the_ceiling_it_is_placed_against():
     """On the H100 the best GeLU row's size has a ceiling a benchmarked row set by beating every copy method (in the
     recorded run, softmax's torch.compile row of the same bytes): the copy card beside it shows less, so the card

@@ -168,8 +168,9 @@ def _size_ticks(ax: plt.Axes, values: Iterable[float], xformat: str | None, logx
         ax.tick_params(axis="x", labelrotation=30)
 
 
-def _panels(n: int, height: float = PANEL_HEIGHT_IN, sharey: bool = True,
-            per_row: int | None = None) -> tuple[plt.Figure, list[plt.Axes]]:
+def panels(n: int, height: float = PANEL_HEIGHT_IN, sharey: bool = True,
+           per_row: int | None = None) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A figure of ``n`` panels, at most ``per_row`` (else MAX_PANELS_PER_ROW) a row; the unused ones hidden."""
     cols = min(max(n, 1), per_row or MAX_PANELS_PER_ROW)
     rows = math.ceil(max(n, 1) / cols)
     width = FIG_WIDTH_IN if cols > 1 else min(FIG_WIDTH_IN, 7.5)
@@ -280,7 +281,7 @@ def metric_vs_size(
     row_values = _facets(df, row, rows) if row else [None]
     grid = [(r, c) for r in row_values for c in col_values]
     colors = series_colors(df[hue].dropna().astype(str)) if hue in df.columns else {}
-    fig, axes = _panels(len(grid), per_row=len(col_values) if row else None,
+    fig, axes = panels(len(grid), per_row=len(col_values) if row else None,
                         sharey=logy or _share_y(data, yhigh or y, col, row))
     for ax, (row_value, facet) in zip(axes, grid, strict=False):
         part = data if facet is None else data[data[col].astype(str) == facet]
@@ -356,7 +357,7 @@ def bars_by_target(
     categories = series_order(data[x].dropna().astype(str).unique()) if x in data else []
     hues = series_order(data[hue].dropna().astype(str).unique()) if hue and hue in data else [None]
     colors = series_colors(hues if hue else categories)
-    fig, axes = _panels(len(facet_values), height=PANEL_HEIGHT_IN, sharey=_share_y(data, err_high or y, col))
+    fig, axes = panels(len(facet_values), height=PANEL_HEIGHT_IN, sharey=_share_y(data, err_high or y, col))
     width = 0.8 / len(hues)
     for ax, facet in zip(axes, facet_values, strict=False):
         part = data if facet is None else data[data[col].astype(str) == facet]
@@ -445,7 +446,7 @@ def ratio_heatmap(
     span = max(float(np.abs(finite - math.log(center)).max()) if finite.size else 0.0, math.log(1.5))
     norm = TwoSlopeNorm(vcenter=math.log(center), vmin=math.log(center) - span, vmax=math.log(center) + span)
     rows = max((len(g) for g in grids), default=1)
-    fig, axes = _panels(len(facet_values), height=max(2.2, 0.42 * rows + 1.4), sharey=False)
+    fig, axes = panels(len(facet_values), height=max(2.2, 0.42 * rows + 1.4), sharey=False)
     cmap = "RdBu" if higher_is_better else "RdBu_r"
     for ax, facet, grid in zip(axes, facet_values, grids, strict=False):
         if grid.empty:
@@ -489,7 +490,7 @@ def ratio_strip(
     """
     plot = df[np.isfinite(pd.to_numeric(df[ratio], errors="coerce")) & (df[ratio] > 0)].copy()
     rows = list(dict.fromkeys(plot[row].astype(str)))
-    fig, axes = _panels(1, height=max(1.6, 0.42 * len(rows) + 1.1))
+    fig, axes = panels(1, height=max(1.6, 0.42 * len(rows) + 1.1))
     ax = axes[0]
     if plot.empty:
         ax.text(0.5, 0.5, "no cells to compare", ha="center", va="center", transform=ax.transAxes)

@@ -196,31 +196,84 @@ def _throughput_figures(df: pd.DataFrame, labels: Any) -> list[Any]:
     return figures + ([energy] if energy is not None else [])
 
 
+# One marker per kind of test (its name without the token count); the colour is the engine.
+TEST_MARKERS = {"pp": "o", "ttft": "s", "tg": "^", "study": "D"}
+# Guides of constant mean power on the energy figure (energy = power x time: diagonals on log axes).
+POWER_GUIDES_W = (30, 100, 300, 1000)
+
+
 def _energy_figure(df: pd.DataFrame) -> Any:
-    """Energy of one call against its time, one colour per engine and one point per test: the slope to the origin
-    is the mean power. None where no row has a known energy (the rows' energy_reason says why)."""
-    import matplotlib.pyplot as plt
+    """Energy of one call against its time: a panel per target and model, a colour per engine, a marker per kind
+    of test, and dotted guides of constant mean power. None where no row has a known energy (the rows'
+    energy_reason says why)."""
+    import seaborn as sns
 
     if "energy_j" not in df.columns:
         return None
-    rows = df[(df["status"] == "ok") & pd.to_numeric(df["energy_j"], errors="coerce").gt(0)]
+    rows = df[(df["status"] == "ok") & pd.to_numeric(df["energy_j"], errors="coerce").gt(0)].copy()
     if rows.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    rows["kind"] = rows["test"].astype(str).str.replace(r"\d+$", "", regex=True)
+    rows["panel"] = rows["target"].astype(str) + " · " + rows["model"].astype(str)
+    keys = sorted(rows["panel"].unique())
+    fig, axes = plots.panels(len(keys), sharey=False, per_row=2)
     colors = plots.series_colors(rows["engine"].astype(str).unique())
-    for engine, group in rows.groupby("engine"):
-        ax.scatter(group["mean_ms"], group["energy_j"], label=str(engine), color=colors[str(engine)], zorder=3)
-        for row in group.itertuples():
-            ax.annotate(str(row.test), (row.mean_ms, row.energy_j), fontsize=8, xytext=(3, 3),
-                        textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="time per call (ms, mean)", ylabel="device energy per call (J)")
-    ax.legend(title="engine")
+    markers = {kind: TEST_MARKERS.get(kind, "X") for kind in rows["kind"].unique()}
+    for ax, panel in zip(axes, keys, strict=True):
+        part = rows[rows["panel"] == panel]
+        sns.scatterplot(data=part, x="mean_ms", y="energy_j", hue="engine", style="kind", palette=colors,
+                        markers=markers, s=70, ax=ax, zorder=3, legend=False)
+        ax.set(xscale="log", yscale="log", xlabel="time per call (ms, mean)", ylabel="device energy per call (J)")
+        if len(keys) > 1:
+            ax.set_title(panel)
+        _power_guides(ax, part)
+    _energy_legends(fig, plots.series_order(rows["engine"]), colors, markers)
     return plots.embed(
         fig, alt="Device energy per call against time per call, per engine and test",
         caption="From the device's cumulative energy counter read around each timed block (NVML on NVIDIA, amd-smi "
-                "or rocm-smi on AMD), over the calls. Tokens per joule are in the table below.",
+                "or rocm-smi on AMD), over the calls. A point's mean power is its energy over its time: the dotted "
+                "diagonals are constant power. Tokens per joule are in the table below.",
         data=rows[[c for c in ("target", "model", "engine", "test", "mean_ms", "energy_j", "power_w", "tok_per_j",
                                "j_per_token") if c in rows.columns]])
+
+
+def _energy_legends(fig: Any, engines: list[str], colors: dict[str, Any], markers: dict[str, str]) -> None:
+    """Two legends over the panels: the engines' colours and the tests' markers."""
+    from matplotlib.lines import Line2D
+
+    def handle(marker: str, color: Any) -> Line2D:
+        return Line2D([], [], linestyle="", marker=marker, markersize=8, color=color)
+
+    kinds = [k for k in TEST_MARKERS if k in markers] + sorted(k for k in markers if k not in TEST_MARKERS)
+    for title, labels, handles, anchor in (
+            ("engine", engines, [handle("o", colors[e]) for e in engines], 0.25),
+            ("test", kinds, [handle(markers[k], "0.3") for k in kinds], 0.78)):
+        fig.legend(handles, labels, title=title, loc="upper center", bbox_to_anchor=(anchor, 1.0),
+                   ncol=len(labels), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_figheight()))
+
+
+def _power_guides(ax: Any, part: pd.DataFrame) -> None:
+    """Dotted lines of constant mean power across the panel, each labelled where it runs farthest from a point."""
+    import numpy as np
+
+    x = np.log10(pd.to_numeric(part["mean_ms"]).to_numpy(float))
+    y = np.log10(pd.to_numeric(part["energy_j"]).to_numpy(float))
+    lo, hi = (x.min() - 0.3, y.min() - 0.3), (x.max() + 0.3, y.max() + 0.3)
+    ax.set(xlim=(10 ** lo[0], 10 ** hi[0]), ylim=(10 ** lo[1], 10 ** hi[1]))
+    xs = np.linspace(lo[0], hi[0], 200)
+    for watts in POWER_GUIDES_W:
+        ys = xs + math.log10(watts / 1e3)  # energy (J) = power (W) x time (ms) / 1000
+        inside = np.flatnonzero((ys >= lo[1]) & (ys <= hi[1]))
+        if inside.size < 2:
+            continue
+        ax.plot(10 ** xs, 10 ** ys, linestyle=":", color="0.55", linewidth=1, zorder=1)
+        # Not at the segment's ends (the label would leave the panel); away from the points.
+        middle = inside[inside.size // 5: inside.size - inside.size // 5]
+        gap = np.hypot(xs[middle, None] - x[None, :], ys[middle, None] - y[None, :]).min(axis=1)
+        at = middle[int(gap.argmax())]
+        ax.annotate(f"{watts} W", (10 ** xs[at], 10 ** ys[at]), ha="center", va="center", color="0.35",
+                    fontsize=plots.SMALL_PT, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1}, zorder=2)
 
 
 TOP_KERNELS = 8
