@@ -257,6 +257,32 @@ def test_a_measurement_too_short_for_the_counter_reads_it_over_a_block_of_furthe
     assert timing.reps == 3 and len(calls) < 10 and timing.energy_reason == "unknown: no counter here"
 
 
+def test_the_measurement_after_an_energy_block_waits_for_the_device_to_settle(monkeypatch):
+    """An energy block runs the device flat out; its power limiter slows the calls right after it. The next
+    measurement's first call comes SETTLE_AFTER_ENERGY_BLOCK_S after the block's end; without a block before it, a
+    measurement starts at once."""
+    from gpulab import timing
+
+    starts: list[float] = []
+
+    def call() -> None:
+        starts.append(time.monotonic())
+        time.sleep(0.005)
+
+    monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
+    fixed = TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False,
+                           energy_span_s=0.2)
+    measure(call, fixed)
+    block_end = starts[-1] + 0.005
+    starts.clear()
+    measure(call, TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False))
+    assert starts[0] - block_end >= timing.SETTLE_AFTER_ENERGY_BLOCK_S
+    begun = time.monotonic()
+    starts.clear()
+    measure(call, TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False))
+    assert starts[0] - begun < timing.SETTLE_AFTER_ENERGY_BLOCK_S / 2
+
+
 def test_measure_on_a_cpu_carries_the_columns_as_unknown():
     timing = measure(lambda: None, TimingSettings(min_time_s=0.01, max_wall_s=0.05))
     assert math.isnan(timing.energy_j) and timing.energy_reason.startswith("unknown: no GPU")

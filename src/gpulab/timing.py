@@ -65,6 +65,10 @@ LAYOUT_SHIM_BYTES = 64 * 2**10
 # Most calls of a measurement's energy block (a device event pair each): an op shorter than energy_span_s over this
 # gives no energy figure rather than a block of millions of calls.
 MAX_ENERGY_CALLS = 10_000
+# An energy block runs the device flat out for seconds and its power limiter holds the clocks down for a while after:
+# the next measurement of the process starts this long after the block's end (without it, the first-token calls
+# timed right after the prefill's block ran up to 2 ms slower, recovering over their three calls).
+SETTLE_AFTER_ENERGY_BLOCK_S = 1.0
 BLOCK_SEPARATOR = "|"
 
 
@@ -281,6 +285,7 @@ class Measurement:
         if not self.fns:
             raise ValueError("measure() needs at least one closure")
         self.settings, self.info = settings.for_device(info), info
+        _DEVICE_REST.settle()
         self.first_call_ms = _warm_up(self.fns, self.settings, info)
         self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
                                  interleaved)
@@ -369,6 +374,24 @@ def measure(
     return measurement.timing()
 
 
+class _DeviceRest:
+    """When this process's last energy block ended, so the next measurement can wait out its after-effect."""
+
+    def __init__(self) -> None:
+        self.block_end: float | None = None
+
+    def loaded(self) -> None:
+        self.block_end = time.monotonic()
+
+    def settle(self) -> None:
+        if self.block_end is not None:
+            time.sleep(max(0.0, self.block_end + SETTLE_AFTER_ENERGY_BLOCK_S - time.monotonic()))
+            self.block_end = None
+
+
+_DEVICE_REST = _DeviceRest()
+
+
 def _warm_up(fns: Sequence[Callable[[], object]], settings: TimingSettings, info: DeviceInfo) -> float:
     """The untimed first call (its wall time is returned: compilation lands here) and further warm-up calls,
     at least one per closure: a rotated input set first used inside the timed loop made the first block
@@ -429,6 +452,7 @@ class _BlockTimer:
         meter = energy.Meter(self.meter.source)
         time.sleep(0)
         meter.block(lambda: self._timed(calls))
+        _DEVICE_REST.loaded()
         return meter
 
     def energy(self, call_ms: float, sustained: tuple[energy.Meter, int] | None = None) -> energy.Energy:
