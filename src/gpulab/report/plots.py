@@ -282,7 +282,7 @@ def metric_vs_size(
     grid = [(r, c) for r in row_values for c in col_values]
     colors = series_colors(df[hue].dropna().astype(str)) if hue in df.columns else {}
     fig, axes = panels(len(grid), per_row=len(col_values) if row else None,
-                        sharey=logy or _share_y(data, yhigh or y, col, row))
+                       sharey=logy or _share_y(data, yhigh or y, col, row))
     for ax, (row_value, facet) in zip(axes, grid, strict=False):
         part = data if facet is None else data[data[col].astype(str) == facet]
         if row_value is not None:
