@@ -9,12 +9,14 @@ what the context holds, not what the cache could. Each program keeps scores, sof
 float32 (online softmax: a running max and sum), and writes its partial output with its (max, sum);
 ``decode_attention_combine_kernel`` rescales and adds the chunks of each head.
 
-Before them, ``decode_rope_kernel`` takes the new token's raw q/k/v product: it rotates q (RoPE) and stores the
-rotated k and v into the caches, one program per head; a prompt's prefill takes its rotated q and cache write from
-``prefill_rope_kernel``, the same work a block of tokens per program (:func:`rope_into_cache`). That is one kernel
-where a compiled PyTorch step had three (3.4 us a layer on the H100 for a 7B model, launch gaps not counted).
-Folding RoPE into the split kernel instead was tried: Triton then computed the rotated q in the products' operand
-layout, 252 registers a thread on sm_90 (55 without) and spills on RDNA.
+RoPE and the cache write are the split kernel's too: each program rotates its query rows from the raw q/k/v
+product (rotate-half read as a second, shifted load, so the rotated rows keep the layout of a plain load and the
+products take them as they would a stored q), and the program whose chunk holds the new position rotates its k,
+stores k and v into the caches and takes them from registers for that position. A decode step's attention is two
+kernels, where a separate RoPE kernel before them made three (each a launch and a wait in a chain of about 200 a
+token). A prompt's prefill takes its rotated q and cache write from ``prefill_rope_kernel``, a block of tokens per
+program (:func:`rope_into_cache`). An earlier fold of RoPE into the split kernel, which built each rotated row from
+its two halves, cost 252 registers a thread on sm_90 (55 without) and spilled on RDNA.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ def _rope(x_ptr, cos_ptr, sin_ptr, half, mask, HALF: tl.constexpr, DTYPE: tl.con
 def prefill_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len, tokens,
                         HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
                         PDL: tl.constexpr):
-    """decode_rope_kernel's work for a prompt, BLOCK_T tokens a program: one program per head (axis 0) and block
-    of tokens (axis 1) moves a (BLOCK_T, head_dim) tile, where one token a program moved 256 bytes."""
+    """A prompt's RoPE and cache write, BLOCK_T tokens a program: one program per q head and per KV head (axis 0)
+    and block of tokens (axis 1) rotates a (BLOCK_T, head_dim) tile of q into ``q_ptr`` laid out (tokens, heads,
+    head_dim), or of k into the cache at the tokens' positions, with their v (one token a program moved 256
+    bytes)."""
     _after_previous(PDL)
     head = tl.program_id(axis=0)
     token = tl.program_id(axis=1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -85,67 +89,62 @@ def prefill_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr,
 
 
 @triton.jit
-def decode_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, pos_ptr, max_len, tokens,
-                       HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PDL: tl.constexpr):
-    """One program per q head and per KV head (axis 0) of each token (axis 1): the q head rotated into ``q_ptr``
-    laid out (tokens, heads, head_dim); the KV head's k rotated, and its v, stored into the caches at the
-    token's position."""
-    _after_previous(PDL)
-    head = tl.program_id(axis=0)
-    token = tl.program_id(axis=1).to(tl.int64)
-    qkv_ptr += token * (HEADS + 2 * KV_HEADS) * HEAD_DIM
-    cos_ptr += token * HEAD_DIM
-    sin_ptr += token * HEAD_DIM
-    half = tl.arange(0, HEAD_DIM // 2)
-    lo, hi = _rope(qkv_ptr + head * HEAD_DIM + half, cos_ptr, sin_ptr, half, half >= 0, HEAD_DIM // 2,
-                   k_ptr.dtype.element_ty)
-    if head < HEADS:
-        row = (token * HEADS + head) * HEAD_DIM
-        tl.store(q_ptr + row + half, lo)
-        tl.store(q_ptr + row + HEAD_DIM // 2 + half, hi)
-    else:
-        kv = head - HEADS
-        row = (kv.to(tl.int64) * max_len + tl.load(pos_ptr + token)) * HEAD_DIM
-        tl.store(k_ptr + row + half, lo)
-        tl.store(k_ptr + row + HEAD_DIM // 2 + half, hi)
-        dims = tl.arange(0, HEAD_DIM)
-        tl.store(v_ptr + row + dims, tl.load(qkv_ptr + (HEADS + KV_HEADS + kv) * HEAD_DIM + dims))
+def _rope_rows(x_ptr, cos_ptr, sin_ptr, dims, mask, HEAD_DIM: tl.constexpr, DTYPE: tl.constexpr):
+    """Rotate-half RoPE of whole rows at ``x_ptr`` (``dims`` along the last axis): x·cos + rotate_half(x)·sin with
+    rotate_half read as a second, shifted load, so the result keeps the layout of one plain load."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    x = tl.load(x_ptr + dims, mask=mask, other=0.0).to(tl.float32)
+    swapped = tl.load(x_ptr + (dims + HALF) % HEAD_DIM, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.where(dims < HALF, -1.0, 1.0) * tl.load(sin_ptr + dims).to(tl.float32)
+    return (x * tl.load(cos_ptr + dims).to(tl.float32) + swapped * sin).to(DTYPE)
 
 
 @triton.jit
 def decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, max_ptr, sum_ptr, max_len,
-    SCALE_LOG2: tl.constexpr, GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    CHUNK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
+    qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, pos_ptr, part_ptr, max_ptr, sum_ptr, max_len,
+    SCALE_LOG2: tl.constexpr, HEADS: tl.constexpr, GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     _after_previous(PDL)
     kv = tl.program_id(axis=0)
     split = tl.program_id(axis=1)
-    end = tl.minimum(split * CHUNK + CHUNK, tl.load(pos_ptr) + 1)
+    pos = tl.load(pos_ptr)
     start = split * CHUNK
+    end = tl.minimum(start + CHUNK, pos + 1)
     if start < end:  # chunks past the current position are skipped; the combine kernel skips them too
         rows = tl.arange(0, GROUPS_PAD)
         dims = tl.arange(0, HEAD_DIM)
         row_ok = rows < GROUPS
-        q = tl.load(q_ptr + (kv * GROUPS + rows)[:, None] * HEAD_DIM + dims[None, :], mask=row_ok[:, None], other=0.0)
+        dtype = k_ptr.dtype.element_ty
+        # q rotated by every program of its KV head (a few hundred values)
+        q = _rope_rows(qkv_ptr + (kv * GROUPS + rows)[:, None] * HEAD_DIM, cos_ptr, sin_ptr, dims[None, :],
+                       row_ok[:, None], HEAD_DIM, dtype)
+        # the new token's k rotated, and its v: the chunk holding its position stores them into the caches, and
+        # its products take them from registers (no program reads a cache row written in this step)
+        k_new = _rope_rows(qkv_ptr + (HEADS + kv) * HEAD_DIM, cos_ptr, sin_ptr, dims, dims >= 0, HEAD_DIM, dtype)
+        v_new = tl.load(qkv_ptr + (HEADS + HEADS // GROUPS + kv) * HEAD_DIM + dims)
         head = kv.to(tl.int64) * max_len * HEAD_DIM
+        if end == pos + 1:
+            tl.store(k_ptr + head + pos * HEAD_DIM + dims, k_new)
+            tl.store(v_ptr + head + pos * HEAD_DIM + dims, v_new)
         row_max = tl.full([GROUPS_PAD], float("-inf"), tl.float32)
         row_sum = tl.zeros([GROUPS_PAD], tl.float32)
         acc = tl.zeros([GROUPS_PAD, HEAD_DIM], tl.float32)
         # constant bounds (a chunk is one block up to 2048 cache positions); blocks past ``end`` load nothing
         for first in range(0, CHUNK, BLOCK_N):
             cols = start + first + tl.arange(0, BLOCK_N)
-            col_ok = cols < end
+            cached = (cols < tl.minimum(end, pos))[:, None]
+            new = (cols == pos)[:, None]
             offsets = head + cols[:, None] * HEAD_DIM + dims[None, :]
-            k = tl.load(k_ptr + offsets, mask=col_ok[:, None], other=0.0)
+            k = tl.where(new, k_new[None, :], tl.load(k_ptr + offsets, mask=cached, other=0.0))
             # ieee: exact float32 products for float32 caches (tf32 exists on neither gfx90a nor RDNA)
             scores = tl.dot(q, tl.trans(k), input_precision="ieee") * SCALE_LOG2
-            scores = tl.where(col_ok[None, :], scores, float("-inf"))
+            scores = tl.where((cols < end)[None, :], scores, float("-inf"))
             new_max = tl.maximum(row_max, tl.max(scores, axis=1))
             rescale = tl.exp2(row_max - new_max)
             p = tl.exp2(scores - new_max[:, None])
             row_sum = row_sum * rescale + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + offsets, mask=col_ok[:, None], other=0.0)
+            v = tl.where(new, v_new[None, :], tl.load(v_ptr + offsets, mask=cached, other=0.0))
             acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             row_max = new_max
         out = (kv * SPLITS + split) * GROUPS + rows
@@ -177,8 +176,8 @@ def decode_attention_combine_kernel(
 
 
 def takes_head_dim(head_dim: int) -> bool:
-    """Head sizes the kernels take: a power of two, 16 or more (tl.arange and tl.dot)."""
-    return head_dim >= 16 and not head_dim & (head_dim - 1)
+    """Head sizes the kernels take: a power of two, 32 or more (tl.arange, and tl.dot over half a head)."""
+    return head_dim >= 32 and not head_dim & (head_dim - 1)
 
 
 def decode_split(max_len: int) -> tuple[int, int]:
@@ -197,7 +196,7 @@ def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int, pd
     groups = heads // kv_heads
     chunk, splits = decode_split(max_len)
     shared = {"GROUPS": groups, "HEAD_DIM": head_dim, "CHUNK": chunk, "SPLITS": splits, "PDL": pdl}
-    attend = {**shared, "SCALE_LOG2": math.log2(math.e) / math.sqrt(head_dim),
+    attend = {**shared, "SCALE_LOG2": math.log2(math.e) / math.sqrt(head_dim), "HEADS": heads,
               "GROUPS_PAD": max(16, triton.next_power_of_2(groups)), "BLOCK_N": BLOCK_N}
     rope = {"HEADS": heads, "KV_HEADS": kv_heads, "HEAD_DIM": head_dim, "PDL": pdl}
     return rope, attend, {**shared, "SPLITS_PAD": triton.next_power_of_2(splits)}
@@ -222,18 +221,14 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
                          f"position a token, over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
                          f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
     if not takes_head_dim(head_dim):
-        raise ValueError(f"rope_into_cache needs a power-of-two head size of 16 or more, got {head_dim}")
+        raise ValueError(f"rope_into_cache needs a power-of-two head size of 32 or more, got {head_dim}")
     pdl = launch_pdl()
     rope, _, _ = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     q = torch.empty(1, tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     launch = {"launch_pdl": True} if pdl else {}
-    if tokens == 1:
-        decode_rope_kernel[(heads + kv_heads, tokens)](qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens,
-                                                       **rope, num_warps=1, **launch)
-    else:
-        prefill_rope_kernel[(heads + kv_heads, triton.cdiv(tokens, PREFILL_ROPE_TOKENS))](
-            qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens, **rope, BLOCK_T=PREFILL_ROPE_TOKENS,
-            num_warps=4, **launch)
+    prefill_rope_kernel[(heads + kv_heads, triton.cdiv(tokens, PREFILL_ROPE_TOKENS))](
+        qkv, cos, sin, q, cache_k, cache_v, pos, max_len, tokens, **rope, BLOCK_T=PREFILL_ROPE_TOKENS, num_warps=4,
+        **launch)
     return q
 
 
@@ -247,8 +242,15 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
 
     if qkv.dim() != 3 or qkv.shape[1] != 1 or not qkv.is_contiguous():
         raise ValueError(f"decode_attention takes one token's contiguous q/k/v row, got qkv {tuple(qkv.shape)}")
-    q = rope_into_cache(qkv, cos, sin, cache_k, cache_v, pos, heads)
     _, kv_heads, max_len, head_dim = cache_k.shape
+    if qkv.shape[-1] != (heads + 2 * kv_heads) * head_dim or heads % kv_heads or cos.shape != (1, head_dim) or \
+            sin.shape != cos.shape or pos.numel() != 1 or not all(
+            t.is_contiguous() for t in (cos, sin, cache_k, cache_v, pos)):
+        raise ValueError(f"decode_attention takes q/k/v rows of {(heads + 2 * kv_heads) * head_dim} values, one "
+                         f"cos/sin row and one position over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
+                         f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
+    if not takes_head_dim(head_dim):
+        raise ValueError(f"decode_attention needs a power-of-two head size of 32 or more, got {head_dim}")
     pdl = launch_pdl()
     _, attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     launch = {"launch_pdl": True} if pdl else {}
@@ -257,7 +259,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
     maxes = torch.empty(rows, dtype=torch.float32, device=qkv.device)
     sums = torch.empty_like(maxes)
     out = torch.empty(1, 1, heads * head_dim, dtype=qkv.dtype, device=qkv.device)
-    decode_attention_kernel[(kv_heads, attend["SPLITS"])](q, cache_k, cache_v, pos, part, maxes, sums, max_len,
-                                                         **attend, num_warps=4, **launch)
+    decode_attention_kernel[(kv_heads, attend["SPLITS"])](qkv, cos, sin, cache_k, cache_v, pos, part, maxes, sums,
+                                                         max_len, **attend, num_warps=4, **launch)
     decode_attention_combine_kernel[(heads,)](part, maxes, sums, pos, out, **combine, num_warps=4, **launch)
     return out

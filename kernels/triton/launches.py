@@ -19,7 +19,6 @@ from .decode_attention import (
     PREFILL_ROPE_TOKENS,
     decode_attention_combine_kernel,
     decode_attention_kernel,
-    decode_rope_kernel,
     launch_constexprs,
     prefill_rope_kernel,
 )
@@ -52,10 +51,10 @@ def _llm_decode() -> list[Launch]:
     rope_args = {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr"), "*bf16"), **rows, "pos_ptr": "*i64",
                  "max_len": "i32", "tokens": "i32"}
     for kernel, signature, constexprs, variant, warps in (
-        (decode_rope_kernel, rope_args, rope, f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS}", 1),
         (prefill_rope_kernel, rope_args, {**rope, "BLOCK_T": PREFILL_ROPE_TOKENS},
          f"HEADS={LLM_HEADS} KV_HEADS={LLM_KV_HEADS} BLOCK_T={PREFILL_ROPE_TOKENS}", 4),
-        (decode_attention_kernel, {**rows, "pos_ptr": "*i64", **partials, "max_len": "i32"}, attend, split, 4),
+        (decode_attention_kernel, {**dict.fromkeys(("qkv_ptr", "cos_ptr", "sin_ptr", "k_ptr", "v_ptr"), "*bf16"),
+                                   "pos_ptr": "*i64", **partials, "max_len": "i32"}, attend, split, 4),
         (decode_attention_combine_kernel, {**partials, "pos_ptr": "*i64", "o_ptr": "*bf16"}, combine, split, 4),
     ):
         out.append(Launch(op="llm_decode", kernel=kernel, variant=f"{variant} num_warps={warps}", dtype="bf16",

@@ -302,7 +302,7 @@ def _split_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: 
               cache_v: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
     from gpulab.kernels.triton.decode_attention import decode_attention as split_kv
 
-    return split_kv(qkv, cos, sin, cache_k, cache_v, pos, heads)
+    return split_kv(qkv.contiguous(), cos.contiguous(), sin.contiguous(), cache_k, cache_v, pos.contiguous(), heads)
 
 
 define_op("split_kv_attention", "(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) cache_k, Tensor(b!) cache_v, "
