@@ -120,7 +120,7 @@ def test_no_chosen_configuration_spills_or_falls_below_half_occupancy(compiled_t
     bad = triton_rows[(triton_rows["spilled_regs"] > 0) | (triton_rows["scratch_bytes"] > 0)
                       | (chosen & (triton_rows["occupancy"] < 0.5))]
     assert bad.empty, bad[["arch", "kernel", "variant", "dtype", "registers", "spilled_regs", "occupancy"]]
-    assert (triton_rows["op"] == "llm_decode").sum() == 6 * len(ARCHS)  # three GEMV forms, the prompt's RoPE, attention x2
+    assert (triton_rows["op"] == "llm_decode").sum() == 6 * len(ARCHS)  # 3 GEMV forms, prompt RoPE, attention x2
 
 
 @pytest.mark.slow
