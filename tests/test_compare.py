@@ -249,14 +249,21 @@ def test_a_kernel_made_twice_as_slow_is_flagged(tmp_path):
     reference timed beside each case does not move with the code, so the relative times keep the slowdown whole;
     the time alone must show it too, which costs power where a state of the machine hid part of it: one cell of
     the eight came out not significant in one run of the suite, and `a + b` in fp32 (allocating its output each
-    call) only +21% (CI from 1.07) in another of four runs. So one cell may miss; none may come out faster."""
-    first, second = tmp_path / "a", tmp_path / "b"
-    _runs(first, second, matrix=(("gelu", [(1 << 17,)]), ("add", [(1 << 17,)])), repeat=2)
-    deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
-    verdicts = deltas[["impl", "dtype", "change_pct", "verdict", "note"]]
-    assert len(deltas) == 8 and (deltas["verdict"] == SLOWER).sum() >= 7, verdicts
-    assert deltas["verdict"].isin([SLOWER, WITHIN]).all(), verdicts
-    assert deltas["note"].str.fullmatch("relative to (?:memcpy|torch.add): (?:slower|no significant change)").all()
+    call) only +21% (CI from 1.07) in another of four runs. So one cell may miss; none may come out faster.
+    Two cells missed once in a CI run, so a pair that misses is taken again once, as the A/A test's is: a method
+    that misses the slowdown fails both pairs."""
+    seen = []
+    for attempt in range(A_A_ATTEMPTS):
+        first, second = tmp_path / f"a{attempt}", tmp_path / f"b{attempt}"
+        _runs(first, second, matrix=(("gelu", [(1 << 17,)]), ("add", [(1 << 17,)])), repeat=2)
+        deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
+        assert len(deltas) == 8 and deltas["verdict"].isin([SLOWER, WITHIN]).all(), deltas
+        assert deltas["note"].str.fullmatch("relative to (?:memcpy|torch.add): (?:slower|no significant change)").all()
+        seen.append(deltas[["impl", "dtype", "change_pct", "verdict"]])
+        if (deltas["verdict"] == SLOWER).sum() >= 7:
+            return
+    pytest.fail("a twice-as-slow kernel was missed in more than one cell of eight, twice:\n"
+                + "\n".join(f.to_string() for f in seen))
 
 
 def test_fail_on_regression_exits_non_zero_on_a_significant_slowdown(tmp_path, capsys):
