@@ -10,9 +10,10 @@ import sys
 import pytest
 
 # (heads, kv heads, head size, cache length, position): a 7B model's grouped heads at the first, a middle and
-# the last position; a ragged last chunk; one chunk past the split limit (64 chunks of 64 positions).
+# the last position; a ragged last chunk; one chunk past the split limit (64 chunks of 64 positions); the smallest
+# head size.
 CASES = [(28, 4, 128, 640, 0), (28, 4, 128, 640, 129), (28, 4, 128, 640, 639), (4, 2, 64, 96, 50),
-         (8, 8, 32, 4096, 3000)]
+         (8, 8, 32, 4096, 3000), (4, 2, 16, 64, 37)]
 
 COMPARE = """
 import torch, torch.nn.functional as F

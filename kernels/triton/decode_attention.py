@@ -176,8 +176,8 @@ def decode_attention_combine_kernel(
 
 
 def takes_head_dim(head_dim: int) -> bool:
-    """Head sizes the kernels take: a power of two, 32 or more (tl.arange, and tl.dot over half a head)."""
-    return head_dim >= 32 and not head_dim & (head_dim - 1)
+    """Head sizes the kernels take: a power of two, 16 or more (tl.arange and tl.dot)."""
+    return head_dim >= 16 and not head_dim & (head_dim - 1)
 
 
 def decode_split(max_len: int) -> tuple[int, int]:
@@ -221,7 +221,7 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
                          f"position a token, over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
                          f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
     if not takes_head_dim(head_dim):
-        raise ValueError(f"rope_into_cache needs a power-of-two head size of 32 or more, got {head_dim}")
+        raise ValueError(f"rope_into_cache needs a power-of-two head size of 16 or more, got {head_dim}")
     pdl = launch_pdl()
     rope, _, _ = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     q = torch.empty(1, tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -250,7 +250,7 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
                          f"cos/sin row and one position over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
                          f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
     if not takes_head_dim(head_dim):
-        raise ValueError(f"decode_attention needs a power-of-two head size of 32 or more, got {head_dim}")
+        raise ValueError(f"decode_attention needs a power-of-two head size of 16 or more, got {head_dim}")
     pdl = launch_pdl()
     _, attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     launch = {"launch_pdl": True} if pdl else {}
