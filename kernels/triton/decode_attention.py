@@ -202,6 +202,22 @@ def launch_constexprs(heads: int, kv_heads: int, head_dim: int, max_len: int, pd
     return rope, attend, {**shared, "SPLITS_PAD": triton.next_power_of_2(splits)}
 
 
+def _check_rows(name: str, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
+                cache_v: torch.Tensor, pos: torch.Tensor, heads: int, tokens: int) -> None:
+    """The kernels' shared contract: ``tokens`` contiguous q/k/v rows, a cos/sin row and a position each, over
+    contiguous caches of a head size the kernels take."""
+    _, kv_heads, _, head_dim = cache_k.shape
+    width = (heads + 2 * kv_heads) * head_dim
+    if qkv.shape != (1, tokens, width) or heads % kv_heads or cos.shape != (tokens, head_dim) or \
+            sin.shape != cos.shape or pos.numel() != tokens or not all(
+            t.is_contiguous() for t in (qkv, cos, sin, cache_k, cache_v, pos)):
+        raise ValueError(f"{name} takes contiguous q/k/v rows of {width} values, one cos/sin row and one position a "
+                         f"token, over contiguous caches, got qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}, pos "
+                         f"{tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
+    if not takes_head_dim(head_dim):
+        raise ValueError(f"{name} needs a power-of-two head size of 16 or more, got {head_dim}")
+
+
 def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache_k: torch.Tensor,
                     cache_v: torch.Tensor, pos: torch.Tensor, heads: int) -> torch.Tensor:
     """RoPE and the cache write of T tokens: ``qkv`` (1, T, (heads + 2 kv_heads) d) holds their q, k and v before
@@ -211,17 +227,9 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cac
     cuDNN's and flash attention's output then has the token-major layout the output product reads, with no copy."""
     import torch
 
-    _, kv_heads, max_len, head_dim = cache_k.shape
     tokens = qkv.shape[1] if qkv.dim() == 3 else 0
-    width = (heads + 2 * kv_heads) * head_dim
-    if qkv.shape != (1, tokens, width) or heads % kv_heads or cos.shape != (tokens, head_dim) or \
-            sin.shape != cos.shape or pos.numel() != tokens or not all(
-            t.is_contiguous() for t in (qkv, cos, sin, cache_k, cache_v, pos)):
-        raise ValueError(f"rope_into_cache takes contiguous q/k/v rows of {width} values, one cos/sin row and one "
-                         f"position a token, over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
-                         f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
-    if not takes_head_dim(head_dim):
-        raise ValueError(f"rope_into_cache needs a power-of-two head size of 16 or more, got {head_dim}")
+    _check_rows("rope_into_cache", qkv, cos, sin, cache_k, cache_v, pos, heads, tokens)
+    _, kv_heads, max_len, head_dim = cache_k.shape
     pdl = launch_pdl()
     rope, _, _ = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     q = torch.empty(1, tokens, heads, head_dim, dtype=qkv.dtype, device=qkv.device)
@@ -242,15 +250,8 @@ def decode_attention(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ca
 
     if qkv.dim() != 3 or qkv.shape[1] != 1 or not qkv.is_contiguous():
         raise ValueError(f"decode_attention takes one token's contiguous q/k/v row, got qkv {tuple(qkv.shape)}")
+    _check_rows("decode_attention", qkv, cos, sin, cache_k, cache_v, pos, heads, 1)
     _, kv_heads, max_len, head_dim = cache_k.shape
-    if qkv.shape[-1] != (heads + 2 * kv_heads) * head_dim or heads % kv_heads or cos.shape != (1, head_dim) or \
-            sin.shape != cos.shape or pos.numel() != 1 or not all(
-            t.is_contiguous() for t in (cos, sin, cache_k, cache_v, pos)):
-        raise ValueError(f"decode_attention takes q/k/v rows of {(heads + 2 * kv_heads) * head_dim} values, one "
-                         f"cos/sin row and one position over contiguous caches, got qkv {tuple(qkv.shape)}, cos "
-                         f"{tuple(cos.shape)}, pos {tuple(pos.shape)}, cache {tuple(cache_k.shape)}")
-    if not takes_head_dim(head_dim):
-        raise ValueError(f"decode_attention needs a power-of-two head size of 16 or more, got {head_dim}")
     pdl = launch_pdl()
     _, attend, combine = launch_constexprs(heads, kv_heads, head_dim, max_len, pdl)
     launch = {"launch_pdl": True} if pdl else {}
