@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,18 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
 A_A_ATTEMPTS = 2
 
 
+def _failed_attempts(root: Path, take: Callable[[Path], pd.DataFrame],
+                     passes: Callable[[pd.DataFrame], bool]) -> list[pd.DataFrame]:
+    """Pairs taken under ``root`` by ``take`` until one passes, at most A_A_ATTEMPTS: every pair's table when none
+    did, else nothing."""
+    seen = []
+    for attempt in range(A_A_ATTEMPTS):
+        seen.append(take(root / f"attempt{attempt}"))
+        if passes(seen[-1]):
+            return []
+    return seen
+
+
 def _a_a_flags(root: Path) -> pd.DataFrame:
     first, second = root / "a", root / "b"
     _runs(first, second)
@@ -232,14 +245,19 @@ def test_an_a_a_pair_of_real_runs_flags_at_most_five_percent_of_cells(tmp_path):
     the cells, as the case-by-case timing did, still fails both pairs nineteen times in twenty."""
     allowed = _binomial_bound(24, A_A_RATE, A_A_ALPHA)
     assert allowed == 3
-    seen = []
-    for attempt in range(A_A_ATTEMPTS):
-        flagged = _a_a_flags(tmp_path / f"attempt{attempt}")
-        seen.append(flagged[["artifact", "impl", "size", "dtype", "change_pct"]])
-        if len(flagged) <= allowed:
-            return
-    pytest.fail(f"A/A pairs flagged {[len(f) for f in seen]} of 24 cells (at most {allowed} allowed):\n"
-                + "\n".join(f.to_string() for f in seen))
+    seen = _failed_attempts(tmp_path, _a_a_flags, lambda flagged: len(flagged) <= allowed)
+    if seen:
+        pytest.fail(f"A/A pairs flagged {[len(f) for f in seen]} of 24 cells (at most {allowed} allowed):\n"
+                    + "\n".join(f[["artifact", "impl", "size", "dtype", "change_pct"]].to_string() for f in seen))
+
+
+def _twice_as_slow(root: Path) -> pd.DataFrame:
+    first, second = root / "a", root / "b"
+    _runs(first, second, matrix=(("gelu", [(1 << 17,)]), ("add", [(1 << 17,)])), repeat=2)
+    deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
+    assert len(deltas) == 8 and deltas["verdict"].isin([SLOWER, WITHIN]).all(), deltas
+    assert deltas["note"].str.fullmatch("relative to (?:memcpy|torch.add): (?:slower|no significant change)").all()
+    return deltas
 
 
 # Twice the work per call: a slowdown far beyond the state shifts a shared machine's intervals hold.
@@ -252,18 +270,10 @@ def test_a_kernel_made_twice_as_slow_is_flagged(tmp_path):
     call) only +21% (CI from 1.07) in another of four runs. So one cell may miss; none may come out faster.
     Two cells missed once in a CI run, so a pair that misses is taken again once, as the A/A test's is: a method
     that misses the slowdown fails both pairs."""
-    seen = []
-    for attempt in range(A_A_ATTEMPTS):
-        first, second = tmp_path / f"a{attempt}", tmp_path / f"b{attempt}"
-        _runs(first, second, matrix=(("gelu", [(1 << 17,)]), ("add", [(1 << 17,)])), repeat=2)
-        deltas = compare_runs(ResultsIndex(first), ResultsIndex(second))
-        assert len(deltas) == 8 and deltas["verdict"].isin([SLOWER, WITHIN]).all(), deltas
-        assert deltas["note"].str.fullmatch("relative to (?:memcpy|torch.add): (?:slower|no significant change)").all()
-        seen.append(deltas[["impl", "dtype", "change_pct", "verdict"]])
-        if (deltas["verdict"] == SLOWER).sum() >= 7:
-            return
-    pytest.fail("a twice-as-slow kernel was missed in more than one cell of eight, twice:\n"
-                + "\n".join(f.to_string() for f in seen))
+    seen = _failed_attempts(tmp_path, _twice_as_slow, lambda deltas: (deltas["verdict"] == SLOWER).sum() >= 7)
+    if seen:
+        pytest.fail("a twice-as-slow kernel was missed in more than one cell of eight, twice:\n"
+                    + "\n".join(f[["impl", "dtype", "change_pct", "verdict"]].to_string() for f in seen))
 
 
 def test_fail_on_regression_exits_non_zero_on_a_significant_slowdown(tmp_path, capsys):
