@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gpulab.jobenv import SERIAL_RUN_VAR, compile_workers, mark_serial_run
+from gpulab.jobenv import SERIAL_RUN_VAR, cpu_workers, mark_serial_run
 from gpulab.parallel import run_all
 
 
@@ -27,11 +27,11 @@ def test_a_task_that_raises_fails_the_call() -> None:
         run_all([lambda: 1, boom], workers=2)
 
 
-def test_compile_workers_every_core_only_in_a_serial_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_workers_every_core_only_in_a_serial_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SERIAL_RUN_VAR, raising=False)
     mark_serial_run(False)
-    assert compile_workers(1) == 1 and compile_workers(3) == 3
+    assert cpu_workers(1) == 1 and cpu_workers(3) == 3
     mark_serial_run(True)
-    assert compile_workers(1) == len(os.sched_getaffinity(0))
+    assert cpu_workers(1) == len(os.sched_getaffinity(0))
     mark_serial_run(False)
     assert SERIAL_RUN_VAR not in os.environ

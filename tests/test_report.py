@@ -426,7 +426,8 @@ def test_summary_shows_headlines_and_links_each_problem_to_its_log():
     assert links and all((two_target_report().path.parent / link).is_file() for link in links)
 
 
-def test_a_broken_section_is_shown_not_fatal_unless_strict(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_broken_section_is_shown_not_fatal_unless_strict(tmp_path, monkeypatch, workers):
     import gpulab.report.render as render
     import gpulab.report.sections.methodology as methodology
     import gpulab.report.sections.summary as summary
@@ -438,13 +439,24 @@ def test_a_broken_section_is_shown_not_fatal_unless_strict(tmp_path, monkeypatch
         raise KeyError("column 'gbps' missing")
 
     monkeypatch.setattr(methodology, "build", broken)
-    rendered = render_report(results, tmp_path / "report.html", CONFIG, "pytest")
+    rendered = render_report(results, tmp_path / "report.html", CONFIG, "pytest", workers=workers)
     assert [e["id"] for e in rendered.errors] == ["methodology"]
     html = rendered.path.read_text()
     assert "column &#39;gbps&#39; missing" in html and 'href="#methodology"' in html
     with pytest.raises(ReportError, match="methodology"):
-        render_report(results, tmp_path / "strict.html", {**CONFIG, "strict": True}, "pytest")
+        render_report(results, tmp_path / "strict.html", {**CONFIG, "strict": True}, "pytest", workers=workers)
     assert not (tmp_path / "strict.html").exists()
+
+
+def test_sections_rendered_in_forked_workers_give_the_same_page_and_its_problems(tmp_path):
+    """Sections render at once in worker processes: the page is byte for byte the serial one, and a problem a
+    section finds in its worker (an unreadable table) still reaches the page's list."""
+    results = make_results(tmp_path)
+    (results / "cpu/bench/softmax.csv").write_bytes(b'a,b\n1,"unterminated\n')
+    pages = [render_report(results, tmp_path / f"report{w}.html", CONFIG, "pytest", workers=w) for w in (1, 3)]
+    serial, forked = (re.sub(r"Generated [^<]*", "", r.path.read_text()) for r in pages)
+    assert forked == serial
+    assert "cpu/bench/softmax.csv</code>: unreadable table" in forked
 
 
 def test_partial_or_older_results_render_without_errors(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from gpulab.config import ConfigError, load_config, validate_config
+from gpulab.jobenv import available_cores
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -53,7 +54,7 @@ def _report(args: argparse.Namespace, command: str) -> int:
     config = _config(args.config)
     results = _results_dir(args.results or config["results_dir"], "results directory")
     output = Path(args.output or config["report"]["output"])
-    rendered = render_report(results, output, config, command, title=args.title)
+    rendered = render_report(results, output, config, command, title=args.title, workers=available_cores())
     _summarise(rendered)
     return 0
 
@@ -81,7 +82,8 @@ def _compare(args: argparse.Namespace, command: str) -> int:
     min_effect = args.min_effect / 100
     # The changes section reads the threshold from here (keys starting with "_" are not configuration).
     config = {**config, "_min_effect": min_effect}
-    rendered = render_report(new, Path(args.output), config, command, baseline_dir=baseline, title=title)
+    rendered = render_report(new, Path(args.output), config, command, baseline_dir=baseline, title=title,
+                             workers=available_cores())
     _summarise(rendered)
     return _verdicts(baseline, new, min_effect, args.fail_on)
 

@@ -23,17 +23,21 @@ SERIAL_RUN_VAR = "GPULAB_SERIAL_RUN"
 
 
 def mark_serial_run(serial: bool) -> None:
-    """Tell the jobs whether nothing runs beside them (read by :func:`compile_workers`)."""
+    """Tell the jobs whether nothing runs beside them (read by :func:`cpu_workers`)."""
     if serial:
         os.environ[SERIAL_RUN_VAR] = "1"
     else:
         os.environ.pop(SERIAL_RUN_VAR, None)
 
 
-def compile_workers(threads: int = 1) -> int:
-    """Processes a CPU compile job (no measurement) may run at once: every core this process may use when
-    the run is serial, since no other job shares the machine then (as a measurement on a machine without a
-    GPU takes every core); else the ``threads`` Snakemake granted, so side-by-side jobs do not oversubscribe."""
-    if os.environ.get(SERIAL_RUN_VAR) == "1":
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    return max(1, threads)
+def available_cores() -> int:
+    """Cores this process may run on (a cluster job's allocation, where it has one)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def cpu_workers(threads: int = 1) -> int:
+    """Processes a CPU job that measures nothing (compiles, the report) may run at once: every core this process
+    may use when the run is serial, since no other job shares the machine then (as a measurement on a machine
+    without a GPU takes every core); else the ``threads`` Snakemake granted, so side-by-side jobs do not
+    oversubscribe."""
+    return available_cores() if os.environ.get(SERIAL_RUN_VAR) == "1" else max(1, threads)

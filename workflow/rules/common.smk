@@ -109,8 +109,8 @@ if LOCAL_RUN and "gpu" not in workflow.global_resources:
 # `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes
 # every core, so nothing runs beside it (CPU-only jobs still run beside each other).
 DEVICE_THREADS = workflow.cores if LOCAL_RUN and not gpu_driver_present() else 1
-# A local run with --cores 1 runs one job at a time: a CPU compile job (kernels_compile) may then run its
-# compiles on every core (gpulab.jobenv.compile_workers); otherwise it keeps to the threads it was granted.
+# A local run with --cores 1 runs one job at a time: a CPU job that measures nothing (kernels_compile, the report)
+# may then use every core (gpulab.jobenv.cpu_workers); otherwise it keeps to the threads it was granted.
 mark_serial_run(LOCAL_RUN and workflow.cores == 1)
 
 

@@ -4,13 +4,13 @@ from gpulab.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.jobenv import compile_workers
+    from gpulab.jobenv import cpu_workers
     from gpulab.kernel_compile.job import compile_arch
     from gpulab.tables import write_atomic
 
     table = compile_arch(step.wildcards.arch, tuple(step.params.dtypes), target=step.target,
                          fingerprint=step.fingerprint, sizes=step.params.sizes,
-                         workers=compile_workers(step.snakemake.threads))
+                         workers=cpu_workers(step.snakemake.threads))
     write_atomic(step.output[0], table.to_csv(index=False))
     step.show(table, ["kernel", "variant", "dtype", "status", "registers", "spilled_regs", "occupancy", "compile_s",
                       "reason"])

@@ -6,13 +6,15 @@ from gpulab.step import Step, run
 
 
 def main(step: Step) -> None:
+    from gpulab.jobenv import cpu_workers
     from gpulab.report.render import render_report
 
     command = os.environ.get("GPULAB_COMMAND", "snakemake --cores 1")
     # Underscore keys are the workflow's facts, not configuration (the methodology section reads them, never
     # shows them).
     config = {**step.params.config, "_workflow": {"rule_outputs": step.params.rule_outputs}}
-    report = render_report(step.params.results_dir, step.output[0], config, command)
+    report = render_report(step.params.results_dir, step.output[0], config, command,
+                           workers=cpu_workers(step.snakemake.threads))
     print(f"report written to {report.path} ({report.size_bytes / 2**20:.2f} MB, {len(report.sections)} sections)")
     for error in report.errors:
         print(f"section {error['id']} could not be rendered: {error['message']}")

@@ -134,7 +134,7 @@ def compile_arch(
     workers: int = 1,
 ) -> pd.DataFrame:
     """The table of one architecture: every Triton launch (for the benchmark's ``bench.sizes``), and on AMD
-    every HIP source; ``workers`` compiles at a time (gpulab.jobenv.compile_workers), each in its own process."""
+    every HIP source; ``workers`` compiles at a time (gpulab.jobenv.cpu_workers), each in its own process."""
     a = arch(name)
     cache_dir = cache_dir or default_cache_dir()
     start = time.perf_counter()

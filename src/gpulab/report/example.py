@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from gpulab.jobenv import available_cores
 from gpulab.report.render import RenderedReport, render_report
 
 # (fixture directory, path inside it, path inside results/<target>/) of each recorded area.
@@ -51,4 +52,4 @@ def render_example(fixtures: Path, out_dir: Path, config: dict[str, Any], comman
     rule_outputs = fixtures / RULE_OUTPUTS
     if rule_outputs.is_file():
         config = {**config, "_workflow": {"rule_outputs": json.loads(rule_outputs.read_text())}}
-    return render_report(results, out_dir / "report.html", config, command, title=TITLE)
+    return render_report(results, out_dir / "report.html", config, command, title=TITLE, workers=available_cores())

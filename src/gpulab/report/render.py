@@ -21,7 +21,7 @@ import pkgutil
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,10 +32,11 @@ import yaml
 from markupsafe import Markup
 
 from gpulab.env_capture import git_state
+from gpulab.parallel import run_all
 from gpulab.report import sections as sections_pkg
 from gpulab.report.findings import ABOVE_PCT
 from gpulab.report.plots import apply_style
-from gpulab.report.results import ResultsIndex
+from gpulab.report.results import Problem, ResultsIndex
 from gpulab.tables import write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -173,25 +174,49 @@ class RenderedReport:
     errors: list[dict[str, str]]
 
 
-def _render_sections(ctx: ReportContext, env: Any, strict: bool) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Every section that has something to show, rendered; a failing one as an error box (``strict``: raises)."""
-    rendered: list[dict[str, Any]] = []
-    errors: list[dict[str, str]] = []
-    for module in discover_sections():
-        try:
-            data = module.build(ctx)
-            if data is None:
-                continue
+@dataclass(frozen=True)
+class _Section:
+    """One section as rendered (in this process or a forked one): its HTML (None when it has nothing to show), the
+    error it raised, and the problems it found in the results and the baseline."""
+
+    id: str
+    title: str
+    body: str | None
+    error: str | None
+    problems: tuple[list[Problem], list[Problem]]
+
+
+def _section(ctx: ReportContext, env: Any, module: ModuleType) -> _Section:
+    indexes = (ctx.results, ctx.baseline)
+    known = [len(index.problems) if index else 0 for index in indexes]
+    body, error = None, None
+    try:
+        data = module.build(ctx)
+        if data is not None:
             body = env.get_template(module.TEMPLATE).render(ctx=ctx, **data)
-        except Exception as exc:
-            log.error("section %s failed:\n%s", module.ID, traceback.format_exc())
-            if strict:
-                raise ReportError(f"report section {module.ID!r} failed: {exc}") from exc
-            message = f"{type(exc).__name__}: {exc}"
-            errors.append({"id": module.ID, "title": module.TITLE, "message": message})
-            body = env.get_template("_section_error.html.j2").render(message=message)
-        rendered.append({"id": module.ID, "title": module.TITLE, "body": Markup(body)})
-    return rendered, errors
+    except Exception as exc:
+        log.error("section %s failed:\n%s", module.ID, traceback.format_exc())
+        error = f"{type(exc).__name__}: {exc}"
+        body = env.get_template("_section_error.html.j2").render(message=error)
+    found = [index.problems[n:] if index else [] for index, n in zip(indexes, known, strict=True)]
+    return _Section(module.ID, module.TITLE, body, error, (found[0], found[1]))
+
+
+def _render_sections(ctx: ReportContext, env: Any, strict: bool, workers: int
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Every section that has something to show, rendered, ``workers`` at a time (forked processes: each builds
+    its figures on a core of its own); a failing one as an error box (``strict``: raises)."""
+    sections = run_all([partial(_section, ctx, env, module) for module in discover_sections()], workers)
+    for section in sections:  # what a forked section found is not in this process's indexes yet
+        for index, found in zip((ctx.results, ctx.baseline), section.problems, strict=True):
+            for problem in found:
+                if index is not None and problem not in index.problems:
+                    index.problems.append(problem)
+    failed = [s for s in sections if s.error is not None]
+    if strict and failed:
+        raise ReportError(f"report section {failed[0].id!r} failed: {failed[0].error}")
+    rendered = [{"id": s.id, "title": s.title, "body": Markup(s.body)} for s in sections if s.body is not None]
+    return rendered, [{"id": s.id, "title": s.title, "message": s.error or ""} for s in failed]
 
 
 def render_report(
@@ -203,12 +228,13 @@ def render_report(
     baseline_dir: str | Path | None = None,
     title: str | None = None,
     strict: bool | None = None,
+    workers: int = 1,
 ) -> RenderedReport:
     """Build every section from the results and write one self-contained HTML file atomically.
 
     A section whose ``build`` raises is shown as an error box (with the message) and named at the top of
     the page, so one broken step never hides the others; with ``strict`` it fails the render instead
-    and nothing is written.
+    and nothing is written. ``workers``: sections rendered at once, in forked processes (1: all in this one).
     """
     apply_style()
     results_dir, output = Path(results_dir), Path(output)
@@ -223,7 +249,7 @@ def render_report(
             raise ReportError(f"{baseline_dir}: no baseline results found (expected {baseline_dir}/<target>/...)")
     ctx = ReportContext(results, output, config, command, baseline=baseline)
     env = environment()
-    rendered, errors = _render_sections(ctx, env, strict)
+    rendered, errors = _render_sections(ctx, env, strict, workers)
     report_config = config.get("report", {})
     page = env.get_template("base.html.j2").render(
         title=title or report_config.get("title", "gpulab report"),
