@@ -16,7 +16,7 @@ rule report_render:
         f"{RESULTS}/report_render.log",
     benchmark:
         f"{RESULTS}/benchmarks/report_render.jsonl"
-    # Its sections render at once, one process each (the last job of a local run: nothing else runs then).
+    # Its sections render at once, a worker process a core (the last job of a local run: nothing else runs then).
     threads: workflow.cores if LOCAL_RUN else 1
     params:
         code=code("report_render.py"),
