@@ -189,7 +189,6 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
     sizes x dtypes together, their blocks taken in turn); the two runs alternate cell by cell, so both
     meet the same machine, and one torch thread keeps the cores from being oversubscribed.
     """
-    settings = PAIR_SETTINGS
     registries = {first: REGISTRY, second: _repeating(repeat) if repeat > 1 else REGISTRY}
     ctx = BenchContext(CPU, "local")
     threads = torch.get_num_threads()
@@ -199,7 +198,7 @@ def _runs(first: Path, second: Path, matrix=MATRIX, impls=("native", "manual"), 
             rows: dict[Path, list] = {first: [], second: []}
             for impl in impls:
                 for root, registry in registries.items():
-                    found = run_cell(op, impl, shapes=shapes, dtypes=["fp32", "bf16"], settings=settings,
+                    found = run_cell(op, impl, shapes=shapes, dtypes=["fp32", "bf16"], settings=PAIR_SETTINGS,
                                      ctx=ctx, fingerprint="aa", registry=registry, progress=False)
                     labels = ["x".join(map(str, s)) if len(s) > 1 else s[0] for s in shapes for _ in range(2)]
                     rows[root] += [{**row, "size": label} for row, label in zip(found, labels, strict=True)]
