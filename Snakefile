@@ -7,10 +7,10 @@ import time
 # This checkout's gpulab, whatever else is installed: the workflow runs the code it ships.
 sys.path.insert(0, f"{workflow.basedir}/src")
 
-from gpulab.config import validate_config
-from gpulab.preflight import check as preflight, runtime_overrides
-from gpulab.failures import failed_jobs, failure_summary, log_offsets
-from gpulab import history
+from gpulab.workflow.config import validate_config
+from gpulab.workflow.preflight import check as preflight, runtime_overrides
+from gpulab.workflow.failures import failed_jobs, failure_summary, log_offsets
+from gpulab.core import history
 
 min_version("9.0")
 
@@ -22,7 +22,7 @@ report: "workflow/report/workflow.rst"
 
 
 # Validated (and defaults filled) before any job runs; a bad key fails here, naming it. Settings whose tensors
-# or run time cannot fit the device fail here too, with the estimate and the limit (gpulab.preflight).
+# or run time cannot fit the device fail here too, with the estimate and the limit (gpulab.workflow.preflight).
 config.update(validate_config(config))
 if workflow.is_main_process:
     preflight(
@@ -48,7 +48,7 @@ LOG_OFFSETS = log_offsets(RESULTS)
 RUN_STARTED = time.time()
 
 if workflow.is_main_process:
-    # One run name for every job of this invocation: their tables are kept under it (gpulab.history).
+    # One run name for every job of this invocation: their tables are kept under it (gpulab.core.history).
     os.environ.setdefault(
         history.RUN_ID_VAR, history.new_run_id(config, workflow.basedir)
     )

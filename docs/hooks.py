@@ -12,9 +12,9 @@ from pathlib import Path
 
 from mkdocs.structure.files import File, Files
 
-from gpulab.config import validate_config
 from gpulab.reference import cli_reference, config_reference
 from gpulab.report.example import render_example
+from gpulab.workflow.config import validate_config
 
 ROOT = Path(__file__).resolve().parent.parent
 _TMP = tempfile.TemporaryDirectory(prefix="gpulab-docs-")

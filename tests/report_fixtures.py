@@ -19,10 +19,10 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.config import validate_config
+from gpulab.core.timing import format_blocks, parse_blocks
+from gpulab.env.runtime_stack import RUNTIME_STACK, stack_rows
 from gpulab.report.render import RenderedReport, render_report
-from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
-from gpulab.timing import format_blocks, parse_blocks
+from gpulab.workflow.config import validate_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 FIXTURE_RESULTS = FIXTURES / "report" / "results"
@@ -37,8 +37,8 @@ CONFIG: dict[str, Any] = {**validate_config({}), "_workflow": {
 
 def _schemas() -> dict[str, Any]:
     """The steps' own schemas, by artifact path: fixture tables must keep matching them."""
-    from gpulab.ceilings import CEILINGS
-    from gpulab.env_capture import TOOLS
+    from gpulab.core.ceilings import CEILINGS
+    from gpulab.env.capture import TOOLS
 
     schemas: dict[str, Any] = {"env/tools.csv": TOOLS, "env/runtime_stack.csv": RUNTIME_STACK,
                                "bench/ceilings.csv": CEILINGS}

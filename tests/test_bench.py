@@ -20,30 +20,18 @@ import torch
 
 from gpulab.bench import impls
 from gpulab.bench.correctness import THRESHOLDS, tolerance_for
-from gpulab.bench.ops import (
-    ELEMENT_TOLERANCES,
-    OPS,
-    by_ext_op,
-    check,
-    compare,
-    manual_gelu,
-    op_spec,
-    parse_shape,
-)
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry, Unavailable
 from gpulab.bench.runner import BENCH, aggregate, run_case, run_cell
 from gpulab.bench.sizes import (
-    GPU_CAP_BYTES,
     ODD_ELEMENTS,
     ODD_ROWS,
     STUDY_GELU_ELEMENTS,
     TARGET_SOFTMAX,
     auto_sizes,
     matrix_tensor_bytes,
-    max_tensor_bytes,
     resolve_sizes,
 )
-from gpulab.ceilings import (
+from gpulab.core.ceilings import (
     CEILINGS,
     INDUCTOR,
     LATENCY_FRACTION,
@@ -65,9 +53,19 @@ from gpulab.ceilings import (
     screen_sweep,
     share_ceilings,
 )
-from gpulab.device import DeviceInfo
-from gpulab.tables import SchemaError
-from gpulab.timing import TimingSettings, parse_times, rotation_sets, summarize
+from gpulab.core.device import GPU_CAP_BYTES, DeviceInfo, max_tensor_bytes
+from gpulab.core.ops import (
+    ELEMENT_TOLERANCES,
+    OPS,
+    by_ext_op,
+    check,
+    compare,
+    manual_gelu,
+    op_spec,
+    parse_shape,
+)
+from gpulab.core.tables import SchemaError
+from gpulab.core.timing import TimingSettings, parse_times, rotation_sets, summarize
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False, min_span_s=0,
@@ -245,7 +243,7 @@ def test_the_gelu_formula_is_written_once_in_python(repo):
                           text=True).stdout.splitlines()
     python = [h for h in hits if not h.startswith("kernels/")]
     # kernels/triton has its own (a kernel language), as has the extension's C++ header (tests/test_build.py).
-    assert [h.split(":")[0] for h in python] == ["src/gpulab/bench/ops.py"]
+    assert [h.split(":")[0] for h in python] == ["src/gpulab/core/ops.py"]
 
 
 def test_the_gate_fails_an_implementation_that_mutates_its_inputs():
@@ -752,7 +750,7 @@ def test_triton_kernels_are_correct_in_the_interpreter():
     pytest.importorskip("triton")
     code = (
         "import torch\n"
-        "from gpulab.bench.ops import check\n"
+        "from gpulab.core.ops import check\n"
         "from gpulab.kernels.triton.gelu import gelu\n"
         "from gpulab.kernels.triton.add import add\n"
         "from gpulab.kernels.triton.softmax import softmax\n"

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.build import checks as ext_checks
-from gpulab.build import compile as ext_compile
-from gpulab.build import plan as ext_plan
-from gpulab.build import step as ext_step
-from gpulab.build.manifest import load_from_manifest, read_manifest, write_manifest
-from gpulab.device import DeviceInfo, detect
-from gpulab.hip_standalone import (
+from gpulab.core.device import DeviceInfo, detect
+from gpulab.core.tables import SchemaError
+from gpulab.core.timing import TimingSettings, is_stable
+from gpulab.native import checks as ext_checks
+from gpulab.native import compile as ext_compile
+from gpulab.native import plan as ext_plan
+from gpulab.native import step as ext_step
+from gpulab.native.hip_standalone import (
     HIP_STANDALONE,
     SOURCE,
     _measured,
@@ -33,8 +34,7 @@ from gpulab.hip_standalone import (
     plan_standalone,
     run_standalone,
 )
-from gpulab.tables import SchemaError
-from gpulab.timing import TimingSettings, is_stable
+from gpulab.native.manifest import load_from_manifest, read_manifest, write_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "build"
@@ -411,8 +411,8 @@ def test_bad_input_messages_survive_a_private_libstdcxx_copy(ext_cache: Path) ->
     manifest = ext_cache / "manifest_static_libstdcxx.json"
     script = f"""
 from pathlib import Path
-from gpulab.build import build, write_manifest
-from gpulab.device import DeviceInfo
+from gpulab.native import build, write_manifest
+from gpulab.core.device import DeviceInfo
 cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
 load = build("ci", device=cpu, cache_root=Path(r"{ext_cache}"), extra_ldflags=["-static-libstdc++"])
 write_manifest(load, Path(r"{manifest}"))
@@ -499,7 +499,7 @@ def test_gelu_constant_is_written_once_in_the_extension_sources() -> None:
 
 @pytest.mark.slow
 def test_timing_pitfalls_rows_on_cpu(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpulab.timing_pitfalls import PITFALLS, run_pitfalls
+    from gpulab.native.timing_pitfalls import PITFALLS, run_pitfalls
 
     _, _, manifest = cpu_extension
     rows = run_pitfalls("ci", "fp", FAST, manifest=manifest, size=1 << 16, device=CPU_TORCH)
@@ -532,8 +532,8 @@ def test_broken_kernel_source_fails_the_step_with_the_compiler_message(tmp_path:
     script = f"""
 import sys
 from pathlib import Path
-from gpulab.device import DeviceInfo
-from gpulab.build.step import run_extension_step
+from gpulab.core.device import DeviceInfo
+from gpulab.native.step import run_extension_step
 cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
 run_extension_step("ci", "fp", {{}}, out_csv=Path(r"{tmp_path}/extension.csv"),
                    checks_csv=Path(r"{tmp_path}/checks.csv"), build_log=Path(r"{tmp_path}/build.log"),
@@ -559,8 +559,8 @@ run_extension_step("ci", "fp", {{}}, out_csv=Path(r"{tmp_path}/extension.csv"),
 def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
     import yaml
 
-    from gpulab.config import validate_config
     from gpulab.report.render import render_report
+    from gpulab.workflow.config import validate_config
 
     config = validate_config(yaml.safe_load((REPO / "config.yaml").read_text()))
     out = tmp_path / "report.html"
@@ -581,7 +581,7 @@ def test_build_section_renders_gpu_and_cpu_results(tmp_path: Path) -> None:
 
 
 def test_fixture_tables_match_their_schemas() -> None:
-    from gpulab.timing_pitfalls import PITFALLS
+    from gpulab.native.timing_pitfalls import PITFALLS
 
     for target in ("h100", "local-cpu"):
         base = FIXTURES / "results" / target / "build"

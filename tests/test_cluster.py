@@ -16,13 +16,13 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from gpulab.cluster import (
+from gpulab.workflow.cluster import (
     TargetConfigError,
     apply_target_env,
     device_job_resources,
     target_job_resources,
 )
-from gpulab.config import ConfigError, validate_config
+from gpulab.workflow.config import ConfigError, validate_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,7 +185,7 @@ def test_dry_run_of_two_targets_puts_gpu_jobs_on_their_partitions(tmp_path):
 def test_the_step_runner_exports_the_target_environment_before_the_step(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from gpulab import step as step_module
+    from gpulab.workflow import step as step_module
 
     monkeypatch.setattr(step_module, "to_log", lambda path: None)
     monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
@@ -212,7 +212,7 @@ def test_every_device_step_exports_its_target_environment_first():
     assert {"env_capture"} <= {rule for rule, _ in device_scripts}
     for rule, script in device_scripts:
         text = script.read_text()
-        # gpulab.step.run exports the target's environment before it calls the script's main.
+        # gpulab.workflow.step.run exports the target's environment before it calls the script's main.
         assert "run(snakemake, main)" in text, f"{rule}: {script.name} does not go through the step runner"
         # Nothing that starts a runtime at module level: HSA_OVERRIDE_GFX_VERSION acts at runtime start.
         early = re.findall(r"^(?:import|from) (torch|gpulab\.(?:device|timing))\b", text, re.M)
@@ -222,7 +222,7 @@ def test_every_device_step_exports_its_target_environment_first():
 def test_jobs_measuring_the_host_cpu_ask_for_no_gpu_and_keep_the_rest():
     from types import SimpleNamespace
 
-    from gpulab.cluster import without_gpu_where
+    from gpulab.workflow.cluster import without_gpu_where
 
     resources = without_gpu_where({"gpu": 1, "runtime": lambda w, attempt=1: 30 * attempt},
                                   lambda w: w.model == "tiny")

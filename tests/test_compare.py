@@ -18,7 +18,8 @@ import torch
 from gpulab.bench.registry import REGISTRY, BenchContext, Registry
 from gpulab.bench.runner import BENCH, run_cell
 from gpulab.cli import main as gpulab_main
-from gpulab.device import DeviceInfo
+from gpulab.core.device import DeviceInfo
+from gpulab.core.timing import TimingSettings, format_blocks, format_times
 from gpulab.report.compare import (
     FASTER,
     NO_VERDICT,
@@ -34,7 +35,6 @@ from gpulab.report.compare import (
     times_verdict,
 )
 from gpulab.report.results import ResultsIndex
-from gpulab.timing import TimingSettings, format_blocks, format_times
 
 CPU = DeviceInfo(backend="cpu", torch_version=torch.__version__, hip_version=None, cuda_version=None,
                  gpu_available=False, reason="PyTorch is a CPU-only build")

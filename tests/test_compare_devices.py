@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gpulab.core.timing import format_blocks, parse_blocks
 from gpulab.report.compare import AMBIGUOUS, FASTER, SLOWER, compare_runs, launch_floor_ms, regressions
 from gpulab.report.results import ResultsIndex
-from gpulab.timing import format_blocks, parse_blocks
 
 # Four compares of about 800 cells each, with 2000 bootstrap resamples a cell: a minute and a half.
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.config import ConfigError, config_hash, load_config, run_targets, validate_config
+from gpulab.workflow.config import ConfigError, config_hash, load_config, run_targets, validate_config
 
 
 def test_default_config_is_valid_and_defaults_filled(repo):
@@ -15,7 +15,7 @@ def test_default_config_is_valid_and_defaults_filled(repo):
 
 
 def test_every_schema_property_is_documented():
-    from gpulab.config import load_schema
+    from gpulab.workflow.config import load_schema
 
     def walk(node, path):
         for key, sub in node.get("properties", {}).items():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.device import DeviceInfo, detect, gfx_from_override, offload_archs
+from gpulab.core.device import DeviceInfo, detect, gfx_from_override, offload_archs
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_detect_on_this_machine_is_consistent():
 
 
 def test_a_gpu_driver_is_told_by_its_device_nodes(tmp_path):
-    from gpulab.device import gpu_driver_present
+    from gpulab.core.device import gpu_driver_present
 
     node = tmp_path / "kfd"
     assert not gpu_driver_present((str(node),))
@@ -70,7 +70,7 @@ def test_a_gpu_driver_is_told_by_its_device_nodes(tmp_path):
 
 
 def test_hidden_gpus_make_a_process_measure_the_cpu_and_say_why():
-    code = ("from gpulab.device import hide_gpus, detect; hide_gpus('the tiny model runs beside'); "
+    code = ("from gpulab.core.device import hide_gpus, detect; hide_gpus('the tiny model runs beside'); "
             "import os, torch; i = detect(); "
             "print(i.gpu_available, torch.cuda.is_available(), os.environ['CUDA_VISIBLE_DEVICES'], "
             "os.environ['HIP_VISIBLE_DEVICES'], i.reason, sep='|')")
@@ -84,7 +84,7 @@ def test_hidden_gpus_make_a_process_measure_the_cpu_and_say_why():
 def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda, preset, expected):
     import torch
 
-    from gpulab.device import teardown_profiler_after_use
+    from gpulab.core.device import teardown_profiler_after_use
 
     monkeypatch.setattr(torch.version, "cuda", cuda)
     environ = {} if preset is None else {"TEARDOWN_CUPTI": preset}
@@ -93,16 +93,16 @@ def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda
 
 
 def _claim_in_subprocess(lock: Path, record: Path, hold_s: float) -> subprocess.Popen:
-    code = ("import time; from gpulab.device_lock import claim_device; "
+    code = ("import time; from gpulab.core.device_lock import claim_device; "
             f"print('waited', claim_device({str(lock)!r}), flush=True); time.sleep({hold_s})")
-    from gpulab.device_lock import WAITS_VAR
+    from gpulab.core.device_lock import WAITS_VAR
 
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, WAITS_VAR: str(record)})
 
 
 def test_a_job_waits_for_the_device_until_the_job_holding_it_exits(tmp_path):
-    from gpulab.device_lock import read_waits, waited_s
+    from gpulab.core.device_lock import read_waits, waited_s
 
     lock = tmp_path / "device.lock"
     first = _claim_in_subprocess(lock, tmp_path / "first.jsonl", hold_s=2.0)
@@ -117,7 +117,7 @@ def test_a_job_waits_for_the_device_until_the_job_holding_it_exits(tmp_path):
 
 
 def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path, monkeypatch):
-    import gpulab.device_lock as device_lock
+    import gpulab.core.device_lock as device_lock
 
     monkeypatch.setattr(device_lock, "_CLAIM", {"armed": False, "file": None})
     monkeypatch.delenv(device_lock.DEVICE_LOCK_VAR, raising=False)
@@ -133,7 +133,7 @@ def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path
 
 
 def test_the_device_wait_is_the_union_of_the_recorded_claims():
-    from gpulab.device_lock import waited_s
+    from gpulab.core.device_lock import waited_s
 
     assert waited_s([{"claimed_at": 100.0, "waited_s": 12.345}]) == pytest.approx(12.345)
     assert waited_s([]) == 0.0
@@ -147,7 +147,7 @@ def test_the_device_wait_is_the_union_of_the_recorded_claims():
 def test_a_jobs_wait_record_is_fresh_and_its_child_processes_append_to_it(tmp_path, monkeypatch):
     """A job's fresh interpreter (the extension's bad-input cases, the tutorial timings) records its claim in the
     job's record, so the report can tell its wait from the job's work; a rerun of the job starts a new record."""
-    from gpulab.device_lock import WAITS_VAR, read_waits, start_waits_record
+    from gpulab.core.device_lock import WAITS_VAR, read_waits, start_waits_record
 
     log = tmp_path / "t" / "logs" / "job.log"
     stale = tmp_path / "t" / "device_waits" / "job.jsonl"
@@ -155,14 +155,14 @@ def test_a_jobs_wait_record_is_fresh_and_its_child_processes_append_to_it(tmp_pa
     stale.write_text('{"pid": 1, "claimed_at": 0, "waited_s": 99}\n')
     monkeypatch.delenv(WAITS_VAR, raising=False)
     assert start_waits_record(log) == stale and not stale.exists()
-    code = f"from gpulab.device_lock import claim_device; claim_device({str(tmp_path / 'device.lock')!r})"
+    code = f"from gpulab.core.device_lock import claim_device; claim_device({str(tmp_path / 'device.lock')!r})"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
     (claim,) = read_waits(stale)
     assert claim["waited_s"] < 1.0 and claim["pid"] != os.getpid()
 
 
 def test_the_device_lock_is_per_user_and_per_visible_devices():
-    from gpulab.device_lock import device_lock_path
+    from gpulab.core.device_lock import device_lock_path
 
     assert device_lock_path({"CUDA_VISIBLE_DEVICES": "0"}) != device_lock_path({"CUDA_VISIBLE_DEVICES": "1"})
     assert device_lock_path({}) == device_lock_path({})
@@ -174,7 +174,7 @@ def test_the_device_lock_is_per_user_and_per_visible_devices():
 def test_only_jobs_holding_the_gpu_resource_claim_the_device(resources, expected):
     from types import SimpleNamespace
 
-    from gpulab.step import holds_gpu
+    from gpulab.workflow.step import holds_gpu
 
     assert holds_gpu(SimpleNamespace(resources=SimpleNamespace(**resources))) is expected
 
@@ -184,7 +184,7 @@ def test_a_job_refuses_to_measure_its_target_on_another_machine(tmp_path, monkey
     target's machine, so the job stops with what to do instead."""
     import json
 
-    from gpulab import device
+    from gpulab.core import device
 
     env_json = tmp_path / "h100" / "env" / "env.json"
     env_json.parent.mkdir(parents=True)

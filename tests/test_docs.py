@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from gpulab.cli import parser
-from gpulab.config import load_schema
 from gpulab.reference import cli_reference, config_reference, schema_keys
+from gpulab.workflow.config import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 150

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpulab import energy
-from gpulab.datasheet import datasheet_gbps, pct_of_datasheet
-from gpulab.device import detect
-from gpulab.timing import TimingSettings, measure
+from gpulab.core import energy
+from gpulab.core.datasheet import datasheet_gbps, pct_of_datasheet
+from gpulab.core.device import detect
+from gpulab.core.timing import TimingSettings, measure
 
 FIXTURES = Path(__file__).parent / "fixtures" / "env"
 
@@ -261,7 +261,7 @@ def test_the_measurement_after_an_energy_block_waits_for_the_device_to_settle(mo
     """An energy block runs the device flat out; its power limiter slows the calls right after it. The next
     measurement's first call comes SETTLE_AFTER_ENERGY_BLOCK_S after the block's end; without a block before it, a
     measurement starts at once."""
-    from gpulab import timing
+    from gpulab.core import timing
 
     starts: list[float] = []
 

@@ -6,15 +6,15 @@ import shutil
 import pandas as pd
 import pytest
 
-from gpulab.env_capture import (
+from gpulab.core.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
+from gpulab.core.tools import ToolResult, run_tool
+from gpulab.env.capture import (
     _no_device_on_empty_output,
     _no_device_when_kernel_driver_absent,
     capture,
     fingerprint_id,
 )
-from gpulab.runtime_stack import RUNTIME_STACK, classify, parse_ldd, stack_rows
-from gpulab.smi import parse_nvidia_smi_q, parse_rocm_smi_json, parse_rocminfo
-from gpulab.tools import ToolResult, run_tool
+from gpulab.env.runtime_stack import RUNTIME_STACK, classify, parse_ldd, stack_rows
 
 STUDY_TORCH_LIB = "/opt/venv/lib/python3.13/site-packages/torch/lib"
 

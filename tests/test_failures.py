@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.failures import EXIT_RECORD, failed_jobs, failure_summary, slurm_account
-from gpulab.step import describe_exit, run_watched
+from gpulab.workflow.failures import EXIT_RECORD, failed_jobs, failure_summary, slurm_account
+from gpulab.workflow.step import describe_exit, run_watched
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -61,7 +61,7 @@ def test_an_oom_kill_is_named_where_the_cgroup_counted_one():
 SNAKEFILE = """
 import sys
 sys.path.insert(0, {src!r})
-from gpulab.failures import failure_summary, log_offsets
+from gpulab.workflow.failures import failure_summary, log_offsets
 
 OFFSETS = log_offsets("results")
 
@@ -79,7 +79,7 @@ onerror:
 
 SCRIPT = """
 import ctypes, os, signal
-from gpulab.step import run
+from gpulab.workflow.step import run
 
 ENDINGS = {endings!r}
 
@@ -124,7 +124,7 @@ def test_a_job_killed_whole_is_listed_with_what_is_known(tmp_path):
     the Slurm executor writes it) names it, and without sacct the summary says so."""
     log = tmp_path / "results" / "local" / "logs" / "bench_cell_gelu__native.log"
     log.parent.mkdir(parents=True)
-    log.write_text("2026-11-25 12:00:00,000 INFO gpulab.step: job of rule bench_cell started\n")
+    log.write_text("2026-11-25 12:00:00,000 INFO gpulab.workflow.step: job of rule bench_cell started\n")
     run_log = tmp_path / "run.log"
     run_log.write_text(textwrap.dedent(f"""\
         Error in rule bench_cell:

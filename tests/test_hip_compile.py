@@ -14,12 +14,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpulab.kernel_compile import device_libs, hipcc
-from gpulab.kernel_compile.archs import ARCHS, arch, warps_per_simd_by_registers
-from gpulab.kernel_compile.hipcc import CLANG, compile_source, hip_sources
-from gpulab.kernel_compile.job import default_cache_dir, hip_tasks, with_arch_figures
-from gpulab.kernel_compile.resources import amdgcn_kernels
-from gpulab.parallel import run_all
+from gpulab.core.parallel import run_all
+from gpulab.toolchains import device_libs, hipcc
+from gpulab.toolchains.archs import ARCHS, arch, warps_per_simd_by_registers
+from gpulab.toolchains.hipcc import CLANG, compile_source, hip_sources
+from gpulab.toolchains.job import default_cache_dir, hip_tasks, with_arch_figures
+from gpulab.toolchains.resources import amdgcn_kernels
 
 AMD = [name for name, a in ARCHS.items() if a.backend == "hip"]
 HIPIFIED = "kernels/ext/ops_cuda.cu (hipified)"

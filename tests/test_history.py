@@ -1,4 +1,4 @@
-"""gpulab.history: kept runs, a run's state, restoring a last good table, and ``gpulab history``/``compare``
+"""gpulab.core.history: kept runs, a run's state, restoring a last good table, and ``gpulab history``/``compare``
 on kept runs of recorded tables."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpulab import history
 from gpulab.cli import main as gpulab_main
-from gpulab.timing import format_blocks, parse_blocks
+from gpulab.core import history
+from gpulab.core.timing import format_blocks, parse_blocks
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "bench" / "local"
 

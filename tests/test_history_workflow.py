@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_workflow_reruns import REPO, SMALL, copy_checkout, planned_jobs, snakemake
 
-from gpulab import history
+from gpulab.core import history
 
 pytestmark = pytest.mark.slow
 

@@ -14,15 +14,15 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from gpulab.kernel_compile import KERNEL_RESOURCES  # noqa: E402
-from gpulab.kernel_compile.archs import ARCHS, arch, occupancy, warps_per_simd_by_registers  # noqa: E402
-from gpulab.kernel_compile.job import vector_elements  # noqa: E402
-from gpulab.kernel_compile.resources import amdgcn_kernels, elf_section_size, ptxas_resources  # noqa: E402
-from gpulab.kernel_compile.triton_aot import compile_cached, compile_launch, gpu_target, private_triton_cache  # noqa: E402
 from gpulab.kernels.triton import config as triton_config  # noqa: E402
 from gpulab.kernels.triton.aot import DTYPES, Launch  # noqa: E402
 from gpulab.kernels.triton.config import Target  # noqa: E402
 from gpulab.kernels.triton.launches import launches  # noqa: E402
+from gpulab.toolchains import KERNEL_RESOURCES  # noqa: E402
+from gpulab.toolchains.archs import ARCHS, arch, occupancy, warps_per_simd_by_registers  # noqa: E402
+from gpulab.toolchains.job import vector_elements  # noqa: E402
+from gpulab.toolchains.resources import amdgcn_kernels, elf_section_size, ptxas_resources  # noqa: E402
+from gpulab.toolchains.triton_aot import compile_cached, compile_launch, gpu_target, private_triton_cache  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bench"
 ALL_DTYPES = tuple(DTYPES)
@@ -98,7 +98,7 @@ def test_the_autotuner_prunes_to_the_running_family(monkeypatch):
 @pytest.fixture(scope="module")
 def compiled_table(tmp_path_factory) -> pd.DataFrame:
     """Every architecture's table, through the rule's own function (outcomes cached in .cache/)."""
-    from gpulab.kernel_compile.job import compile_arch
+    from gpulab.toolchains.job import compile_arch
 
     frames = [compile_arch(name, ("fp32", "fp16", "bf16"), target="test", fingerprint="test") for name in ARCHS]
     return pd.concat(frames, ignore_index=True)
@@ -259,7 +259,7 @@ def test_launched_kernels_use_the_registers_the_table_records():
 
 
 def test_aggregate_concatenates_arch_tables_and_keeps_integer_columns(tmp_path):
-    from gpulab.kernel_compile import aggregate
+    from gpulab.toolchains import aggregate
 
     ok = {"target": "t", "fingerprint": "f", "status": "ok", "arch": "sm_90", "kernel": "k", "registers": 40}
     skipped = {"target": "t", "fingerprint": "f", "status": "skipped", "arch": "gfx1151", "reason": "no hipcc"}

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 import torch
 
-from gpulab.device import detect
+from gpulab.core.device import detect
+from gpulab.core.timing import Timing
 from gpulab.llm import bench, checks, figures, probe, qwen2
 from gpulab.llm.bench import LLM, Sizes, kernels_path, run_llm
 from gpulab.llm.engines import ENGINES, ExactEngine, HfEngine
@@ -40,7 +41,6 @@ from gpulab.llm.roofline import Ceiling, bytes_per_token, kv_bytes_per_position,
 from gpulab.llm.sampling import next_token, top_k
 from gpulab.llm.study import MESSAGES, Sampling
 from gpulab.llm.tiny import SPECIAL_TOKENS, build_tiny
-from gpulab.timing import Timing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
@@ -377,7 +377,7 @@ def test_decode_bytes_exclude_the_input_embedding_table(tiny):
 
 
 def test_read_only_ceiling_is_used_and_the_copy_ceiling_stands_in_with_a_note(tmp_path):
-    from gpulab.ceilings import CEILINGS
+    from gpulab.core.ceilings import CEILINGS
 
     def row(kind: str, gbps: float, size: int = 2**30) -> dict:
         return {"target": "t", "fingerprint": "f", "status": "ok", "kind": kind, "dtype": "bf16", "size": size,
@@ -405,8 +405,8 @@ CHECKS = {"hf": [], "fast": ["teacher48"], "fast_exact": ["greedy8"]}
 
 
 def test_the_engine_registry_is_what_the_config_and_the_tables_ask():
-    from gpulab.config import load_schema, validate_config
     from gpulab.llm.profile import LLM_KERNELS
+    from gpulab.workflow.config import load_schema, validate_config
 
     assert list(ENGINES) == ["hf", "fast", "fast_exact"]
     assert load_schema()["properties"]["llm"]["properties"]["engines"]["items"]["enum"] == list(ENGINES)
@@ -535,8 +535,8 @@ def test_resolved_model_round_trips_through_json(tiny_dir, tmp_path):
 
 
 def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
-    from gpulab.config import load_config
     from gpulab.report.render import render_report
+    from gpulab.workflow.config import load_config
 
     shutil.copytree(FIXTURES / "results", tmp_path / "results")
     rendered = render_report(tmp_path / "results", tmp_path / "report.html", load_config(REPO_ROOT / "config.yaml"),

@@ -14,10 +14,9 @@ import pandas as pd
 import pytest
 import torch
 
-from gpulab.ceilings import CEILINGS, Ceilings, measure_ceilings
-from gpulab.device import DeviceInfo, detect
-from gpulab.mlp.ceilings import measure_gemm_ceilings
-from gpulab.mlp.kernels import (
+from gpulab.core.ceilings import CEILINGS, Ceilings, measure_ceilings
+from gpulab.core.device import DeviceInfo, detect
+from gpulab.core.kernel_trace import (
     BACKWARD_FUNCTION_SCOPE,
     FORWARD_RANGE,
     GRAPH_LAUNCH,
@@ -27,6 +26,8 @@ from gpulab.mlp.kernels import (
     kernel_table,
     short_kernel_name,
 )
+from gpulab.core.timing import TimingSettings
+from gpulab.mlp.ceilings import measure_gemm_ceilings
 from gpulab.mlp.model import MLP, VARIANTS, MLPShape, ceiling_dtypes, gemm_shapes, matmul_flops, resolve_shape
 from gpulab.mlp.profile import (
     MLP_KERNELS,
@@ -37,7 +38,6 @@ from gpulab.mlp.profile import (
     prepare_step,
     profile_mlp,
 )
-from gpulab.timing import TimingSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "mlp"
 REPO = Path(__file__).resolve().parent.parent
@@ -244,7 +244,7 @@ def test_the_checked_closure_is_the_timed_one_and_stale_results_do_not_pass():
 
 
 def test_strict_mode_expects_only_the_variants_the_backend_lacks(profiled):
-    from gpulab.outcomes import table_outcomes
+    from gpulab.workflow.outcomes import table_outcomes
 
     summary = MLP_SUMMARY.read(profiled / "mlp" / "summary.csv")
 

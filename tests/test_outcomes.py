@@ -1,4 +1,4 @@
-"""Strict mode's one judgement of recorded outcomes (gpulab.outcomes), on tables written as the steps write them."""
+"""Strict mode's one judgement of recorded outcomes (gpulab.workflow.outcomes), on tables as the steps write them."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpulab.device import DeviceInfo
-from gpulab.failures import final_error
-from gpulab.outcomes import check, collect, summary, table_outcomes
-from gpulab.tables import StrictModeError
+from gpulab.core.device import DeviceInfo
+from gpulab.core.tables import StrictModeError
+from gpulab.workflow.failures import final_error
+from gpulab.workflow.outcomes import check, collect, summary, table_outcomes
 
 CPU = DeviceInfo(backend="cpu", torch_version="2.x", hip_version=None, cuda_version=None, gpu_available=False,
                  reason="PyTorch is a CPU-only build")
@@ -87,16 +87,16 @@ def test_check_fails_once_with_every_outcome_of_every_step_and_target(tmp_path):
                  "h100 mlp_profile (mlp/summary.csv) [variant=tf32] skipped: TF32 is a CUDA matmul mode",
                  "h100 extension_build (build/extension_checks.csv) [kind=bad_input, case=mixed] skipped"):
         assert line in text
-    # The failure summary of the run (gpulab.failures) quotes the whole list from the step's log.
-    assert final_error(f"Traceback (most recent call last):\n  File x\ngpulab.tables.StrictModeError: {text}\n") \
-        == f"gpulab.tables.StrictModeError: {text}"
+    # The failure summary of the run (gpulab.workflow.failures) quotes the whole list from the step's log.
+    assert final_error(f"Traceback (most recent call last):\n  File x\ngpulab.core.tables.StrictModeError: {text}\n") \
+        == f"gpulab.core.tables.StrictModeError: {text}"
     assert len(pd.read_csv(out)) == 6
     assert len(check(tables, tmp_path, False, out)) == 6  # off: recorded, not judged
     assert summary(collect(tables, tmp_path)) == text
 
 
 def test_strict_unstable_from_the_command_line_fails_on_an_unstable_measurement(tmp_path):
-    from gpulab.config import validate_config
+    from gpulab.workflow.config import validate_config
 
     strict = validate_config({"strict": "unstable"})["strict"]
     paths = write_target(tmp_path, "local", CUDA, {"bench/add.csv": rows(("ok", ""), op=["add"], stable=[False])})

@@ -1,4 +1,4 @@
-"""Compile jobs' worker processes (gpulab.parallel) and how many a job may use (gpulab.jobenv)."""
+"""Compile jobs' worker processes (gpulab.core.parallel) and how many a job may use (gpulab.core.jobenv)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from gpulab.jobenv import SERIAL_RUN_VAR, cpu_workers, mark_serial_run
-from gpulab.parallel import run_all
+from gpulab.core.jobenv import SERIAL_RUN_VAR, cpu_workers, mark_serial_run
+from gpulab.core.parallel import run_all
 
 
 def test_run_all_keeps_order_and_uses_other_processes_for_closures() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.config import validate_config
-from gpulab.preflight import GIB, PreflightError, check, estimates
+from gpulab.workflow.config import validate_config
+from gpulab.workflow.preflight import GIB, PreflightError, check, estimates
 
 REPO = Path(__file__).resolve().parent.parent
 LIMIT = (80 * GIB, "an 80 GiB GPU")

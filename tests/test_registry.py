@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.bench import ops
 from gpulab.bench.registry import REGISTRY, BenchContext
 from gpulab.bench.runner import BENCH, run_cell
-from gpulab.device import detect
-from gpulab.timing import TimingSettings
+from gpulab.core import ops
+from gpulab.core.device import detect
+from gpulab.core.timing import TimingSettings
 
 FAST = TimingSettings(min_time_s=0.005, min_reps=3, max_reps=20, warmup_reps=1, flush_cache=False, min_span_s=0,
                       reference=False)
@@ -55,7 +55,7 @@ SCALE_KERNEL = '''
 SCALE_ENTRY = '''
     import operator
 
-    from gpulab.bench.ops import OpSpec, register_op
+    from gpulab.core.ops import OpSpec, register_op
 
 
     def scale_rows(x):
@@ -98,7 +98,7 @@ def toy_op(tmp_path, monkeypatch):
 
 
 def test_a_registered_op_is_in_the_matrix_and_the_config(toy_op):
-    from gpulab.config import validate_config
+    from gpulab.workflow.config import validate_config
 
     assert REGISTRY.impls("scale") == ["manual", "native", "cpp_ext", "triton", "torch_compile"]
     config = validate_config({"bench": {"ops": ["scale"], "sizes": {"scale": [4096]}}})
@@ -122,8 +122,8 @@ def test_a_registered_ops_triton_kernel_runs_as_a_matrix_cell_in_the_interpreter
         import toy_ops.entry
         from gpulab.bench.registry import BenchContext
         from gpulab.bench.runner import run_cell
-        from gpulab.device import detect
-        from gpulab.timing import TimingSettings
+        from gpulab.core.device import detect
+        from gpulab.core.timing import TimingSettings
 
         settings = TimingSettings(min_time_s=0.001, min_reps=3, max_reps=5, warmup_reps=1, flush_cache=False,
                                   min_span_s=0, reference=False)
@@ -138,8 +138,8 @@ def test_a_registered_ops_triton_kernel_runs_as_a_matrix_cell_in_the_interpreter
 
 def test_a_registered_ops_kernel_is_in_the_ahead_of_time_compile_table(toy_op, tmp_path):
     pytest.importorskip("triton")
-    from gpulab.kernel_compile.archs import arch
-    from gpulab.kernel_compile.job import triton_tasks, with_arch_figures
+    from gpulab.toolchains.archs import arch
+    from gpulab.toolchains.job import triton_tasks, with_arch_figures
 
     a = arch("gfx90a")
     with ExitStack() as stack:
@@ -155,8 +155,8 @@ def test_a_registered_ops_kernel_is_in_the_ahead_of_time_compile_table(toy_op, t
 
 
 def test_a_registered_op_has_its_section_in_the_report(toy_op, tmp_path):
-    from gpulab.config import validate_config
     from gpulab.report.render import render_report
+    from gpulab.workflow.config import validate_config
 
     fixture = Path(__file__).resolve().parent / "fixtures" / "report" / "results" / "cpu"
     results = tmp_path / "results"

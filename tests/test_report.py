@@ -298,9 +298,9 @@ def test_gelu_headline_names_the_reference_timed_beside_its_row_when_that_set_th
 
 def test_environment_draws_each_backends_stack_in_its_layers(tmp_path, fixtures):
     """The recorded H100 ldd (CUDA) beside the study's ROCm ldd: runtimes side by side, HSA only on ROCm."""
+    from gpulab.env.runtime_stack import RUNTIME_STACK, stack_rows
     from gpulab.report.render import ReportContext, environment
     from gpulab.report.sections import environment as env_section
-    from gpulab.runtime_stack import RUNTIME_STACK, stack_rows
 
     torch_lib = {"h100": "/opt/torch/.venv/lib/python3.12/site-packages/torch/lib",
                  "rocm": "/opt/venv/lib/python3.13/site-packages/torch/lib"}

@@ -9,10 +9,10 @@ import shlex
 
 import pytest
 
-from gpulab.device import DeviceInfo, gfx_from_override, offload_archs
-from gpulab.env_capture import gpu_memory
+from gpulab.core.device import DeviceInfo, gfx_from_override, offload_archs
+from gpulab.core.smi import MIB, parse_amd_smi, parse_rocm_smi_json, parse_rocminfo
+from gpulab.env.capture import gpu_memory
 from gpulab.report.sections.environment import _versions
-from gpulab.smi import MIB, parse_amd_smi, parse_rocm_smi_json, parse_rocminfo
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_the_study_build_line_is_pytorchs_rocm_flags_for_its_arch_list(rocm):
     """PyTorch's own ROCm flags, with PYTORCH_ROCM_ARCH set to the study's eleven architectures, give the study's
     --offload-arch list, and the same defines (the study's Markdown dropped their double underscores)."""
     pytest.importorskip("torch")
-    from gpulab.kernel_compile.rocm_extension import device_flags
+    from gpulab.toolchains.rocm_extension import device_flags
 
     study = _study_command(rocm)
     archs = [f.split("=", 1)[1] for f in study if f.startswith("--offload-arch=")]
@@ -93,7 +93,7 @@ def test_the_study_build_line_is_pytorchs_rocm_flags_for_its_arch_list(rocm):
 
 def test_device_flags_leave_pytorch_rocm_arch_as_it_was(monkeypatch):
     pytest.importorskip("torch")
-    from gpulab.kernel_compile.rocm_extension import device_flags
+    from gpulab.toolchains.rocm_extension import device_flags
 
     monkeypatch.setenv("PYTORCH_ROCM_ARCH", "gfx90a")
     assert "--offload-arch=gfx1151" in device_flags("gfx1151")

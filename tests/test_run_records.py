@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpulab.bench.sizes import resolve_sizes
-from gpulab.device import detect
-from gpulab.failures import failure_summary, final_error, log_offsets
+from gpulab.core.device import detect
 from gpulab.report.results import ResultsIndex
 from gpulab.report.sections.methodology import critical_path
-from gpulab.sources import PACKAGE_DIRS, code_digest, kernel_sources, step_sources
+from gpulab.workflow.failures import failure_summary, final_error, log_offsets
+from gpulab.workflow.sources import PACKAGE_DIRS, code_digest, kernel_sources, step_sources
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 def test_step_sources_are_the_import_closure_and_data_files():
     cell = step_sources("bench_cell.py", REPO)
     assert {"workflow/scripts/bench_cell.py", "src/gpulab/bench/runner.py", "src/gpulab/bench/impls.py",
-            "src/gpulab/timing.py", "src/gpulab/bench/__init__.py"} <= set(cell)
+            "src/gpulab/core/timing.py", "src/gpulab/bench/__init__.py"} <= set(cell)
     assert not any(p.startswith(("src/gpulab/llm/", "src/gpulab/mlp/", "src/gpulab/report/"))
                    for p in cell)
     # The op kernels are inputs per implementation (below), though the implementation registry imports them all.
@@ -31,7 +31,7 @@ def test_step_sources_are_the_import_closure_and_data_files():
     # Kernels imported as gpulab.kernels are followed into kernels/, relative imports included.
     assert {"kernels/triton/ceiling.py", "kernels/triton/__init__.py", "kernels/__init__.py"} <= set(cell)
     compile_ = step_sources("kernels_compile.py", REPO)
-    assert {"kernels/triton/launches.py", "kernels/triton/config.py", "src/gpulab/kernel_compile/job.py"} <= set(
+    assert {"kernels/triton/launches.py", "kernels/triton/config.py", "src/gpulab/toolchains/job.py"} <= set(
         compile_)
     assert "kernels/ext/ops.cpp" in step_sources("build_extension.py", REPO)
     assert "src/gpulab/llm/fast.py" in step_sources("llm_infer.py", REPO)
@@ -56,7 +56,7 @@ def test_the_code_digest_follows_content_not_file_times_or_the_checkouts_place(t
     assert code_digest(files, two) == digest
     edited = two / "workflow/scripts/bench_aggregate.py"
     edited.write_text(edited.read_text() + "# a comment\n")
-    from gpulab import sources
+    from gpulab.workflow import sources
 
     sources._content_digest.cache_clear()  # one process sees each file once; a new run reads it anew
     assert code_digest(files, two) != digest
@@ -94,7 +94,7 @@ def test_failure_summary_reads_only_what_this_run_added(tmp_path):
     old.write_text("Traceback (most recent call last):\n  File x\nValueError: from an earlier run\n")
     offsets = log_offsets(tmp_path / "results")
     old.write_text(old.read_text() + "Traceback (most recent call last):\n  File \"s.py\", line 3\n"
-                   "gpulab.tables.StrictModeError: strict mode: 1 outcome(s) of bench gelu/triton are not ok:\n"
+                   "gpulab.core.tables.StrictModeError: strict mode: 1 outcome(s) of bench gelu/triton are not ok:\n"
                    "  - skipped: Triton needs a GPU [op=gelu, size=4096]\n2026 INFO later line\n")
     (logs / "env_capture.log").write_text("all fine\n")
     summary = failure_summary(tmp_path / "results", offsets)
@@ -119,7 +119,7 @@ def test_critical_path_follows_inputs_and_wall_time():
     outputs = {"env": ["results/{target}/env/env.json"], "cell": ["results/{target}/bench/cells/{op}.csv"],
                "agg": ["results/{target}/bench/{op}.csv"], "build": ["results/{target}/build/ext.csv"]}
     records = [
-        record("env", "env", 10, ["src/gpulab/env_capture.py"]),
+        record("env", "env", 10, ["src/gpulab/env/capture.py"]),
         record("build", "build", 30, ["results/t/env/env.json"]),
         record("cell_a", "cell", 5, ["results/t/env/env.json"], op="a"),
         record("cell_b", "cell", 50, ["results/t/env/env.json", "results/t/build/ext.csv"], op="b"),
@@ -222,7 +222,7 @@ def test_the_methodology_gives_the_device_jobs_time_beside_the_critical_path():
 
 def test_a_jobs_wait_for_the_device_is_not_counted_as_its_work(tmp_path):
     """Two device jobs run at once in a local run on a GPU; the one waiting for the device records its wait
-    (gpulab.device_lock), and the critical path and the device jobs' sum leave that wait out."""
+    (gpulab.core.device_lock), and the critical path and the device jobs' sum leave that wait out."""
     from types import SimpleNamespace
 
     from gpulab.report.sections.methodology import _path_summary, step_times

@@ -73,7 +73,7 @@ def test_split_labels_and_overrides_round_trip():
 # checked is the kernel's arithmetic (chunks, masks, a chunk of only -inf, the combine, the strided store).
 INTERPRETED_SPLIT = """
 import torch
-from gpulab.bench.ops import check
+from gpulab.core.ops import check
 from gpulab.kernels.triton.softmax import softmax_split_kernel, split_workspace
 for rows, cols, split, block in ((3, 100003, 8, 16384), (2, 40000, 4, 16384), (1, 5000, 2, 4096)):
     x = torch.randn(rows, cols + 9)[:, 3:3 + cols] * 4
@@ -126,7 +126,7 @@ def test_split_kernel_matches_torch_on_the_gpu(rows, cols, dtype, strided):
     """Every element against torch.softmax (the bench's gate: no NaN, the dtype's tolerance)."""
     import torch
 
-    from gpulab.bench.ops import check
+    from gpulab.core.ops import check
     from gpulab.kernels.triton.config import current_target
     from gpulab.kernels.triton.softmax import softmax
 
@@ -147,7 +147,7 @@ def test_split_kernel_gives_zeros_for_a_chunk_of_only_minus_infinity():
     """A masked stretch as wide as a chunk: its program's max is -inf, yet the row is finite, so 0, not NaN."""
     import torch
 
-    from gpulab.bench.ops import check
+    from gpulab.core.ops import check
     from gpulab.kernels.triton.softmax import softmax
 
     x = torch.randn(4, 131072, device="cuda")

@@ -1,4 +1,4 @@
-"""The step runner (gpulab.step): persistent compiler caches for every job."""
+"""The step runner (gpulab.workflow.step): persistent compiler caches for every job."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import os
 from types import SimpleNamespace
 
-from gpulab import step as step_module
-from gpulab.paths import CACHE_ENV
+from gpulab.core.paths import CACHE_ENV
+from gpulab.workflow import step as step_module
 
 
 def test_every_step_compiles_into_the_workflow_cache(monkeypatch, tmp_path):
@@ -19,7 +19,7 @@ def test_every_step_compiles_into_the_workflow_cache(monkeypatch, tmp_path):
     job = SimpleNamespace(log=[str(tmp_path / "x.log")], config={}, input={}, output=[], params={},
                           wildcards=SimpleNamespace())
     names = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
-    # The step runs in a child process (gpulab.step.run_watched): what it saw reaches the test through a file.
+    # The step runs in a child process (gpulab.workflow.step.run_watched): what it saw reaches the test through a file.
     step_module.run(job, lambda step: (tmp_path / "seen.json").write_text(json.dumps({k: os.environ.get(k)
                                                                                       for k in names})))
     assert json.loads((tmp_path / "seen.json").read_text()) == {"TRITON_CACHE_DIR": str(tmp_path / "cache/triton"),

@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpulab.device import DeviceInfo
-from gpulab.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
-from gpulab.tables import Column, SchemaError, TableSchema, write_atomic
-from gpulab.timing import (
+from gpulab.core.device import DeviceInfo
+from gpulab.core.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
+from gpulab.core.tables import Column, SchemaError, TableSchema, write_atomic
+from gpulab.core.timing import (
     TIMING_COLUMNS,
     Measurement,
     TimingSettings,
@@ -59,7 +59,7 @@ def test_a_fixed_count_runs_no_pilot_block():
 def test_interleaved_blocks_count_every_untimed_call_on_this_device():
     """Each interleaved block opens with untimed calls (on a GPU also its first timed repetition, dropped):
     every call is either a kept repetition or counted in warmup_reps, on whatever device runs the test."""
-    from gpulab.device import detect
+    from gpulab.core.device import detect
 
     info = detect()
     calls = []
@@ -173,7 +173,7 @@ def test_measure_flags_a_stalled_repetition_and_keeps_every_time(monkeypatch):
     once made the steady case unstable (one 3.1 ms sleep among 2.08 ms ones)."""
     import types
 
-    import gpulab.timing as timing_module
+    import gpulab.core.timing as timing_module
 
     clock = [0.0]
     monkeypatch.setattr(timing_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
@@ -197,7 +197,7 @@ def test_measure_flags_a_stalled_repetition_and_keeps_every_time(monkeypatch):
 
 
 def test_measure_hands_back_the_output_of_the_last_timed_call():
-    from gpulab.device import detect as measure_device
+    from gpulab.core.device import detect as measure_device
 
     outputs = iter(range(1000))
     settings = TimingSettings(min_time_s=0.001, min_reps=5, max_reps=5, warmup_reps=2, flush_cache=False)
@@ -250,7 +250,7 @@ class _FakeNvml:
 
 
 def test_nvml_gives_the_state_nvidia_smi_prints_and_is_asked_first(monkeypatch):
-    import gpulab.smi as smi
+    import gpulab.core.smi as smi
 
     from_tool = parse_nvidia_state((ENV_FIXTURES / "nvidia_smi_state_h100_throttled.csv").read_text())
     assert smi.nvml_state(_FakeNvml(), "handle") == from_tool
@@ -264,7 +264,7 @@ def test_nvml_gives_the_state_nvidia_smi_prints_and_is_asked_first(monkeypatch):
 
 
 def test_absent_gpu_or_tool_is_recorded_not_raised(monkeypatch):
-    import gpulab.smi as smi
+    import gpulab.core.smi as smi
 
     assert gpu_state("cpu") == {"available": False, "reason": "no GPU (cpu backend)"}
     monkeypatch.setattr(smi, "_nvml", lambda: None)
@@ -275,8 +275,8 @@ def test_absent_gpu_or_tool_is_recorded_not_raised(monkeypatch):
 
 
 def test_auto_minimum_time_is_shorter_on_a_gpu_whose_repetitions_agree():
-    from gpulab.device import DeviceInfo
-    from gpulab.timing import CPU_MIN_TIME_S, GPU_MIN_TIME_S
+    from gpulab.core.device import DeviceInfo
+    from gpulab.core.timing import CPU_MIN_TIME_S, GPU_MIN_TIME_S
 
     gpu = DeviceInfo(backend="cuda", torch_version="2", hip_version=None, cuda_version="13.0", gpu_available=True)
     cpu = DeviceInfo(backend="cpu", torch_version="2", hip_version=None, cuda_version=None, gpu_available=False)

@@ -12,7 +12,8 @@ import pytest
 
 from gpulab.bench.registry import BenchContext
 from gpulab.bench.tune import TUNE_TRITON, tune_op
-from gpulab.device import detect
+from gpulab.core.device import detect
+from gpulab.core.timing import TimingSettings
 from gpulab.llm import tune
 from gpulab.llm.bench import llm_defaults
 from gpulab.llm.graphs import GraphSettings
@@ -20,7 +21,6 @@ from gpulab.llm.models import load_model, resolve_model
 from gpulab.llm.roofline import Ceiling
 from gpulab.llm.tiny import build_tiny
 from gpulab.llm.tune import TUNE_FAST, against, tune_model
-from gpulab.timing import TimingSettings
 
 FAST = TimingSettings(min_time_s=0.001, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False)
 SMALL = {**llm_defaults(), "prompt_tokens": 8, "gen_tokens": 8, "max_new_tokens": 8, "check_tokens": 8,
@@ -121,9 +121,9 @@ def test_tune_triton_in_the_interpreter_times_every_candidate():
     code = (
         "from gpulab.bench.registry import BenchContext\n"
         "from gpulab.bench.tune import tune_op\n"
-        "from gpulab.device import detect\n"
+        "from gpulab.core.device import detect\n"
         "from gpulab.kernels.triton.config import ELEMENTWISE_DEFAULT, elementwise_shapes\n"
-        "from gpulab.timing import TimingSettings\n"
+        "from gpulab.core.timing import TimingSettings\n"
         "s = TimingSettings(min_time_s=0.001, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False)\n"
         "ctx = BenchContext(detect(), 'local')\n"
         "gelu = tune_op('gelu', [(1000,)], ['fp32'], s, ctx, 'fp')\n"

@@ -21,8 +21,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from gpulab.device import gpu_driver_present
-from gpulab.kernel_compile.archs import ARCHS
+from gpulab.core.device import gpu_driver_present
+from gpulab.toolchains.archs import ARCHS
 
 pytestmark = pytest.mark.slow
 
@@ -185,13 +185,13 @@ def test_a_checkout_runs_its_own_code_whatever_gpulab_is_importable(tmp_path):
     """Two copies; gpulab importable from copy A (PYTHONPATH wins over any install); a step run in copy B runs B's."""
     a, b = copy_checkout(tmp_path / "a"), copy_checkout(tmp_path / "b")
     for copy, name in ((a, "A"), (b, "B")):
-        module = copy / "src/gpulab/env_capture.py"
+        module = copy / "src/gpulab/env/capture.py"
         module.write_text(module.read_text() + f"\nprint('gpulab sentinel: checkout {name}', __file__)\n")
     proc = snakemake(b, "results/local/env/env.json", "--configfile", "config.yaml", "small.yaml",
                      PYTHONPATH=str(a / "src"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (b / "results/local/logs/env_capture.log").read_text()
-    assert f"gpulab sentinel: checkout B {b / 'src/gpulab/env_capture.py'}" in log
+    assert f"gpulab sentinel: checkout B {b / 'src/gpulab/env/capture.py'}" in log
     assert "checkout A" not in log and "checkout A" not in proc.stdout + proc.stderr
 
 
@@ -215,7 +215,8 @@ def test_a_git_stash_round_trip_plans_nothing(done, tmp_path):
     shutil.copytree(done, work, symlinks=True)
     git = ["git", "-c", "user.name=gpulab", "-c", "user.email=gpulab@localhost"]
     subprocess.run([*git, "init", "-q"], cwd=work, check=True)
-    edited = [work / "kernels/triton/gelu.py", work / "src/gpulab/timing.py", work / "workflow/scripts/bench_cell.py"]
+    edited = [work / "kernels/triton/gelu.py", work / "src/gpulab/core/timing.py",
+              work / "workflow/scripts/bench_cell.py"]
     ran = {path: path.read_text() for path in edited}
     for path, text in ran.items():  # the commit differs from what ran: what ran is a local edit
         path.write_text(text + "\n# committed\n")
@@ -289,7 +290,7 @@ SWEEP = {
 
 
 def test_the_sweep_covers_every_setting():
-    from gpulab.config import load_schema
+    from gpulab.workflow.config import load_schema
 
     assert {*SWEEP, "target", "results_dir"} == set(load_schema()["properties"])
 

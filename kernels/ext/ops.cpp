@@ -11,7 +11,7 @@
 // one shape and dtype (no broadcasting); softmax_rows's input 2-D. Strided views are refused, not copied:
 // the operators are benchmark subjects, and a hidden .contiguous() copy would be timed as theirs.
 // Empty tensors are valid and give an empty result. Shape functions for torch.compile are registered
-// from Python (gpulab.build) with torch.library.register_fake.
+// from Python (gpulab.native) with torch.library.register_fake.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

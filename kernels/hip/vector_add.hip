@@ -8,7 +8,7 @@
 //
 // Usage: vector_add [--sizes N,N,...] [--min-time-ms T] [--min-reps R] [--max-reps R] [--warmup W]
 //                   [--flush-mib M]
-// Output (stdout, one line each, parsed by gpulab.hip_standalone):
+// Output (stdout, one line each, parsed by gpulab.native.hip_standalone):
 //   DEVICE,<name>,<arch>,<warp size>,<multiprocessors>,<runtime>
 //   RESULT,<n>,<correct 0|1>,<mismatches>,<first call ms>,<sample ms>;<sample ms>;...
 // Exit status: 0 all correct, 1 runtime error (including no GPU), 2 wrong results, 64 bad usage.

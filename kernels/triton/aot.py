@@ -1,4 +1,4 @@
-"""A kernel launch as the ahead-of-time compile table describes it (``gpulab.kernel_compile``), and the launches of
+"""A kernel launch as the ahead-of-time compile table describes it (``gpulab.toolchains``), and the launches of
 an elementwise kernel.
 
 An elementwise kernel in the style of the Triton tutorials (``<op>_kernel(*_ptr..., n_elements, OFFSETS_64,
@@ -19,7 +19,7 @@ DTYPES = {"fp32": ("fp32", 4), "fp16": ("fp16", 2), "bf16": ("bf16", 2)}
 
 @dataclass(frozen=True)
 class Launch:
-    op: str  # the benchmark's op (gpulab.bench.ops), or llm_decode
+    op: str  # the benchmark's op (gpulab.core.ops), or llm_decode
     kernel: Any  # the @triton.jit function
     variant: str  # its launch parameters, e.g. "BLOCK_SIZE=2048 num_warps=16 OFFSETS_64=0"
     dtype: str

@@ -1,7 +1,7 @@
 """The simplest kernels of each memory-access pattern, for the measured bandwidth ceilings.
 
 ``read`` (one read: a block-wise sum), ``copy`` (one read, one write) and ``add`` (two reads, one write),
-each launched with an explicit block size and warp count so ``gpulab.ceilings`` can sweep a few
+each launched with an explicit block size and warp count so ``gpulab.core.ceilings`` can sweep a few
 configurations and keep the best. No autotuning here: the sweep is the caller's, and every configuration
 it tries is recorded.
 """

@@ -2,7 +2,7 @@
 
 ``num_warps`` counts hardware warps: 32 threads on NVIDIA and on RDNA (wave32), a 64-thread wavefront
 on CDNA (wave64). The family of the running device (``family``) picks the elementwise autotune list and
-the softmax table; ``gpulab.kernel_compile`` compiles exactly these choices ahead of time for every
+the softmax table; ``gpulab.toolchains`` compiles exactly these choices ahead of time for every
 listed architecture and records registers, spills and occupancy (``build/kernel_resources.csv``), and
 ``tests/test_kernels_compile.py`` checks from that table that no chosen configuration spills or falls
 below half occupancy on any of them. Elementwise kernels autotune over their family's list (on an H100,
@@ -45,25 +45,25 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-# Triton's backend of each of gpulab.device's GPU backends.
+# Triton's backend of each of gpulab.core.device's GPU backends.
 TRITON_BACKENDS = {"cuda": "cuda", "rocm": "hip"}
 
 
 @functools.cache
 def current_target() -> Target:
-    """Backend and warp size of the active device, as gpulab.device detects it; cached, as every launch asks and the
-    device is fixed."""
+    """Backend and warp size of the active device, as gpulab.core.device detects it; cached, as every launch asks
+    and the device is fixed."""
     if interpreted():
         # The interpreter runs kernels on the CPU (used by the tests); lay them out as for NVIDIA.
         return Target(backend="interpreter", warp_size=32)
-    from gpulab.device import detect
+    from gpulab.core.device import detect
 
     return target_of(detect())
 
 
 def target_of(info: Any) -> Target:
-    """The Triton target of a detected device (:class:`gpulab.device.DeviceInfo`): from :func:`gpulab.device.probe`,
-    it lets a job compile for the device before claiming it."""
+    """The Triton target of a detected device (:class:`gpulab.core.device.DeviceInfo`): from
+    :func:`gpulab.core.device.probe`, it lets a job compile for the device before claiming it."""
     if not info.gpu_available:
         raise RuntimeError(f"Triton kernels need a GPU or TRITON_INTERPRET=1: {info.reason}")
     return Target(backend=TRITON_BACKENDS[info.backend], warp_size=info.warp_size, arch=info.arch or "",

@@ -18,7 +18,7 @@ from .config import (
     warm_elementwise,
 )
 
-# torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
+# torch only annotates here: compiling ahead of time (gpulab.toolchains) then does not import it.
 if TYPE_CHECKING:
     import torch
 

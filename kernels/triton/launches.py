@@ -1,9 +1,9 @@
 """Every kernel launch the benchmark can make, as (kernel, signature, constexprs, num_warps), per target, and
 the LLM fast engine's decode kernels (and its prompts' RoPE).
 
-``gpulab.kernel_compile`` compiles these ahead of time for architectures that are not present. They are
+``gpulab.toolchains`` compiles these ahead of time for architectures that are not present. They are
 derived from the same functions the launchers call (``elementwise_shapes``, ``softmax.launch_choice``), so
-the table describes what runs; every op of the op registry (``gpulab.bench.ops``) with Triton kernels is in it.
+the table describes what runs; every op of the op registry (``gpulab.core.ops``) with Triton kernels is in it.
 The signature models a typical launch: tensors 16-byte aligned, sizes and row strides multiples of 16 (Triton
 specialises on both), and on AMD tensors under 2 GiB (buffer loads) unless 64-bit offsets are needed.
 """
@@ -79,7 +79,7 @@ def launches(target: Target, dtypes: tuple[str, ...], vector_elements: tuple[int
     if unknown:
         raise ValueError(f"unknown dtype(s) {unknown}; Triton kernels are compiled for {sorted(DTYPES)}")
     if kernels is None:
-        from gpulab.bench.ops import triton_kernels
+        from gpulab.core.ops import triton_kernels
 
         kernels = triton_kernels()
     offsets = tuple(sorted({needs_64bit_offsets(n) for n in vector_elements}))

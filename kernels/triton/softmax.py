@@ -21,7 +21,7 @@ import triton.language as tl
 from .aot import DTYPES, Launch
 from .config import Target, current_target, interpreted, softmax_config
 
-# torch only annotates here: compiling ahead of time (gpulab.kernel_compile) then does not import it.
+# torch only annotates here: compiling ahead of time (gpulab.toolchains) then does not import it.
 if TYPE_CHECKING:
     import torch
 
@@ -312,7 +312,7 @@ def warm_softmax(shape: tuple[int, ...], dtype: torch.dtype, target: Target) -> 
     kernel.warmup(*args, **meta, grid=(1,))
 
 
-# Row widths the ahead-of-time compile covers (gpulab.kernel_compile): every power of two the fused kernel takes (16 ..
+# Row widths the ahead-of-time compile covers (gpulab.toolchains): every power of two the fused kernel takes (16 ..
 # max_fused_cols), then the widest row of the benchmark's sizes for the split kernel (its chunk, hence its code, is
 # the same for every SPLIT but the partials' load), and the looped kernel's default block. Narrower rows are padded to
 # 16 columns' worth of layout anyway.

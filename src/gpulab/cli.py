@@ -21,8 +21,8 @@ from typing import Any
 
 from rich.console import Console
 
-from gpulab.config import ConfigError, load_config, validate_config
-from gpulab.jobenv import available_cores
+from gpulab.core.jobenv import available_cores
+from gpulab.workflow.config import ConfigError, load_config, validate_config
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -60,8 +60,8 @@ def _report(args: argparse.Namespace, command: str) -> int:
 
 
 def _run_or_results(value: str, what: str) -> tuple[Path, str]:
-    """A results directory, or a kept run of a target (gpulab.history) as one; and how to name it."""
-    from gpulab.history import resolve_results
+    """A results directory, or a kept run of a target (gpulab.core.history) as one; and how to name it."""
+    from gpulab.core.history import resolve_results
 
     try:
         path, run = resolve_results(value)
@@ -112,7 +112,7 @@ def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None)
 
 
 def _history(args: argparse.Namespace, _command: str) -> int:
-    from gpulab.history import runs, stale
+    from gpulab.core.history import runs, stale
     from gpulab.report.results import target_dirs
 
     root = Path(args.results or _config(args.config)["results_dir"])

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpulab.config import load_schema
+from gpulab.workflow.config import load_schema
 
 SCHEMA_NAME = "src/gpulab/schemas/config.schema.yaml"
 

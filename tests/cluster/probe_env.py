@@ -1,6 +1,6 @@
 """Record where this job ran (its Slurm variables) and the environment its target gave it."""
 
-from gpulab.logs import to_log
+from gpulab.core.logs import to_log
 
 to_log(snakemake.log[0])
 
@@ -8,7 +8,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
 
-from gpulab.cluster import apply_target_env  # noqa: E402
+from gpulab.workflow.cluster import apply_target_env  # noqa: E402
 
 applied = apply_target_env(snakemake.config, snakemake.wildcards.target)
 record = {

@@ -3,12 +3,12 @@ import re
 import sys
 from pathlib import Path
 
-from gpulab.cluster import device_job_resources, target_environment
-from gpulab.config import run_targets
-from gpulab.device import gpu_driver_present
-from gpulab.device_lock import DEVICE_LOCK_VAR, device_lock_path
-from gpulab.jobenv import mark_serial_run, prepare
-from gpulab.sources import code_digest, kernel_sources, step_sources
+from gpulab.workflow.cluster import device_job_resources, target_environment
+from gpulab.workflow.config import run_targets
+from gpulab.core.device import gpu_driver_present
+from gpulab.core.device_lock import DEVICE_LOCK_VAR, device_lock_path
+from gpulab.core.jobenv import mark_serial_run, prepare
+from gpulab.workflow.sources import code_digest, kernel_sources, step_sources
 
 prepare(workflow.basedir, sys.argv)
 
@@ -64,7 +64,7 @@ CHECKOUT = Path(workflow.basedir)
 
 def code(script, *files):
     """A `params:` entry: the content digest of the code the step runs, i.e. workflow/scripts/<script>, the gpulab
-    modules it imports at any depth and the data files it reads (gpulab.sources), plus `files` (repository-relative).
+    modules it imports at any depth and the data files it reads (gpulab.workflow.sources), plus `files` (repository-relative).
     A step reruns when this content changes; a file's time (touch, checkout round trip) or place changes nothing.
     """
     return code_digest([*step_sources(script, CHECKOUT), *files], CHECKOUT)
@@ -80,14 +80,14 @@ def cell_code(wildcards):
 
 def target_env(wildcards):
     """A `params:` entry of each step that runs on a target's device: the target's extra environment
-    (`targets.<name>.env`, exported by gpulab.step.run before the step starts), which changes what it measures.
+    (`targets.<name>.env`, exported by gpulab.workflow.step.run before the step starts), which changes what it measures.
     """
     return target_environment(config, wildcards.target)
 
 
 # `resources: **gpu_resources` in each step whose jobs run on a target's device. Through
-# the Slurm profile each job asks for its target's partition, GPUs, time and memory (gpulab.cluster);
-# local runs ignore them. The scripts of these rules call gpulab.cluster.apply_target_env first.
+# the Slurm profile each job asks for its target's partition, GPUs, time and memory (gpulab.workflow.cluster);
+# local runs ignore them. The scripts of these rules call gpulab.workflow.cluster.apply_target_env first.
 gpu_resources = device_job_resources(config)
 
 
@@ -96,7 +96,7 @@ gpu_resources = device_job_resources(config)
 LOCAL_RUN = workflow.nodes is None
 # A local run has one device: the jobs that use it (`resources: gpu`) measure one at a time whatever --cores says,
 # CPU-only jobs (compiles, the tiny model, aggregates, the report) beside them; `--resources gpu=N` overrides.
-# With a GPU, three such jobs run at once and the device lock (gpulab.device_lock) orders their device
+# With a GPU, three such jobs run at once and the device lock (gpulab.core.device_lock) orders their device
 # work: one measures while the others start Python and their libraries and run their compilers (three: after the
 # environment capture, the HIP program's and the extension's builds and the ceilings' imports all overlap). Without
 # one the device jobs measure the CPU on every core (DEVICE_THREADS), so one at a time. Never on a cluster, where
@@ -110,7 +110,7 @@ if LOCAL_RUN and "gpu" not in workflow.global_resources:
 # every core, so nothing runs beside it (CPU-only jobs still run beside each other).
 DEVICE_THREADS = workflow.cores if LOCAL_RUN and not gpu_driver_present() else 1
 # A local run with --cores 1 runs one job at a time: a CPU job that measures nothing (kernels_compile, the report)
-# may then use every core (gpulab.jobenv.cpu_workers); otherwise it keeps to the threads it was granted.
+# may then use every core (gpulab.core.jobenv.cpu_workers); otherwise it keeps to the threads it was granted.
 mark_serial_run(LOCAL_RUN and workflow.cores == 1)
 
 

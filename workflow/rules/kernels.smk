@@ -1,7 +1,7 @@
-from gpulab.kernel_compile.archs import ARCHS
-from gpulab.kernel_compile.hipcc import hip_inputs
+from gpulab.toolchains.archs import ARCHS
+from gpulab.toolchains.hipcc import hip_inputs
 
-# Every source a compile depends on is in its `code` digest (the Triton kernels through gpulab.sources; the HIP
+# Every source a compile depends on is in its `code` digest (the Triton kernels through gpulab.workflow.sources; the HIP
 # sources and the headers they include through `hip_inputs`): editing a kernel reruns the architectures' jobs,
 # and the cache of compiled outcomes, keyed by source, recompiles just what changed.
 HIP_INPUTS = [os.path.relpath(p, CHECKOUT) for p in hip_inputs()]

@@ -1,4 +1,4 @@
-from gpulab.cluster import without_gpu_where
+from gpulab.workflow.cluster import without_gpu_where
 from gpulab.llm.models import download_settings, models_by_slug, needs_tiny, runs_on_cpu
 
 # LLM inference: each configured model is resolved once per target (downloads run on the submitting host),

@@ -1,4 +1,4 @@
-# Strict mode judges, it never re-measures (gpulab.outcomes): measuring steps record every outcome and never fail
+# Strict mode judges, it never re-measures (gpulab.workflow.outcomes): measuring steps record every outcome and never fail
 # for one; this local step reads every step's recorded table and, with `strict` on, fails with one summary of every
 # outcome that is not ok. `all` asks for it only when strict is on, so turning strict on or off after a complete run
 # runs this judgement (and the report, whose params hold the config) and no measurement.

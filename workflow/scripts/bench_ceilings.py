@@ -1,12 +1,12 @@
-"""Snakemake script of rule bench_ceilings: thin wrapper over gpulab.ceilings."""
+"""Snakemake script of rule bench_ceilings: thin wrapper over gpulab.core.ceilings."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.bench.sizes import matrix_tensor_bytes, max_tensor_bytes
-    from gpulab.ceilings import CEILINGS, measure_ceilings
-    from gpulab.device import detect
+    from gpulab.bench.sizes import matrix_tensor_bytes
+    from gpulab.core.ceilings import CEILINGS, measure_ceilings
+    from gpulab.core.device import detect, max_tensor_bytes
 
     info = detect()
     bench = step.params.bench

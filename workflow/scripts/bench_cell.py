@@ -1,6 +1,6 @@
 """Snakemake script of rule bench_cell: one (target, op, implementation) over all sizes and dtypes."""
 
-from gpulab.step import Step, run, start_inductor
+from gpulab.workflow.step import Step, run, start_inductor
 
 
 def main(step: Step) -> None:
@@ -10,7 +10,7 @@ def main(step: Step) -> None:
     if impl == "torch_compile":
         start_inductor()
     if impl == "cpp_ext":  # the cell loads exactly the library the build step's manifest names
-        from gpulab.build import load_from_manifest
+        from gpulab.native import load_from_manifest
 
         manifest = step.input.extension
         load_from_manifest(manifest if isinstance(manifest, str) else manifest[0])

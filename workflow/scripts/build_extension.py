@@ -1,13 +1,13 @@
-"""Snakemake script of rule extension_build: thin wrapper over gpulab.build.step."""
+"""Snakemake script of rule extension_build: thin wrapper over gpulab.native.step."""
 
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.build.checks import EXTENSION_CHECKS
-    from gpulab.build.step import EXTENSION, run_extension_step
+    from gpulab.native.checks import EXTENSION_CHECKS
+    from gpulab.native.step import EXTENSION, run_extension_step
 
     # A compile error raises here, after printing the compiler's output to this log.
     run_extension_step(

@@ -1,12 +1,12 @@
-"""Snakemake script of rule hip_standalone: thin wrapper over gpulab.hip_standalone."""
+"""Snakemake script of rule hip_standalone: thin wrapper over gpulab.native.hip_standalone."""
 
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.hip_standalone import HIP_STANDALONE, run_standalone
+    from gpulab.native.hip_standalone import HIP_STANDALONE, run_standalone
 
     run_standalone(
         target=step.target, fingerprint=step.fingerprint,

@@ -1,12 +1,12 @@
-"""Snakemake script of rule timing_pitfalls: thin wrapper over gpulab.timing_pitfalls."""
+"""Snakemake script of rule timing_pitfalls: thin wrapper over gpulab.native.timing_pitfalls."""
 
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.timing_pitfalls import PITFALLS, run_pitfalls
+    from gpulab.native.timing_pitfalls import PITFALLS, run_pitfalls
 
     rows = run_pitfalls(step.target, step.fingerprint, step.timing(), manifest=Path(step.input.manifest))
     table = PITFALLS.write(rows, step.output[0])

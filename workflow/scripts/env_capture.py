@@ -1,4 +1,4 @@
-"""Snakemake script of rule env_capture: thin wrapper over gpulab.env_capture.
+"""Snakemake script of rule env_capture: thin wrapper over gpulab.env.capture.
 
 The step runner exports the target's variables first: they (e.g. HSA_OVERRIDE_GFX_VERSION) change what
 device detection reports.
@@ -6,11 +6,11 @@ device detection reports.
 
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.env_capture import TOOLS, capture
+    from gpulab.env.capture import TOOLS, capture
 
     env = capture(Path(step.output.env).parent, target=step.target, timeout_s=step.params.timeout_s)
     print(f"fingerprint {env['fingerprint']}: {env['device']['backend']} / {env['device']['name']}")

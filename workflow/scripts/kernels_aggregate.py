@@ -1,11 +1,11 @@
 """Snakemake script of rule kernels_aggregate: the per-architecture tables in one kernel_resources.csv."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.kernel_compile import KERNEL_RESOURCES, aggregate
-    from gpulab.tables import write_atomic
+    from gpulab.core.tables import write_atomic
+    from gpulab.toolchains import KERNEL_RESOURCES, aggregate
 
     table = aggregate(step.input.cells)
     write_atomic(step.output[0], table[KERNEL_RESOURCES.names].to_csv(index=False))

@@ -1,12 +1,12 @@
 """Snakemake script of rule kernels_compile: every kernel compiled for one architecture (no GPU needed)."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.jobenv import cpu_workers
-    from gpulab.kernel_compile.job import compile_arch
-    from gpulab.tables import write_atomic
+    from gpulab.core.jobenv import cpu_workers
+    from gpulab.core.tables import write_atomic
+    from gpulab.toolchains.job import compile_arch
 
     table = compile_arch(step.wildcards.arch, tuple(step.params.dtypes), target=step.target,
                          fingerprint=step.fingerprint, sizes=step.params.sizes,

@@ -3,14 +3,14 @@
 import math
 from pathlib import Path
 
-from gpulab.step import Step, run, start_inductor
+from gpulab.workflow.step import Step, run, start_inductor
 
 # The ceilings job measured the device, not the CPU this job may measure instead (llm.tiny_device).
 NO_CPU_CEILING = "none: measured on the host CPU beside the device jobs (llm.tiny_device), the ceilings on the device"
 
 
 def main(step: Step) -> None:
-    from gpulab.device import hide_gpus
+    from gpulab.core.device import hide_gpus
     from gpulab.llm.probe import apply_aotriton_env
 
     # Before PyTorch starts (the step runner has set the target's variables): the device, the AOTriton switch.

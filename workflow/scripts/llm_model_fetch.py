@@ -1,11 +1,11 @@
 """Snakemake script of rule llm_model_fetch (a local rule: downloads happen on the submitting host)."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
+    from gpulab.core.tables import write_atomic
     from gpulab.llm.models import resolve_model
-    from gpulab.tables import write_atomic
 
     tiny = step.input.get("tiny") or None  # only tiny and random: models use it
     resolved = resolve_model(step.params.spec, step.params.llm, tiny_dir=tiny)

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:

@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from gpulab.step import Step, run, start_inductor
+from gpulab.workflow.step import Step, run, start_inductor
 
 
 def main(step: Step) -> None:
     import pandas as pd
 
-    from gpulab.ceilings import CEILINGS, Ceilings
-    from gpulab.device import detect
+    from gpulab.core.ceilings import CEILINGS, Ceilings
+    from gpulab.core.device import detect
     from gpulab.mlp.ceilings import measure_gemm_ceilings
     from gpulab.mlp.model import ceiling_dtypes, gemm_shapes, resolve_shape
     from gpulab.mlp.profile import profile_mlp

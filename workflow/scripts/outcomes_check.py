@@ -1,10 +1,10 @@
-"""Snakemake script of rule outcomes_check: strict mode's one judgement of every recorded outcome (gpulab.outcomes)."""
+"""Snakemake script of rule outcomes_check: strict mode's judgement of every outcome (gpulab.workflow.outcomes)."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.outcomes import check
+    from gpulab.workflow.outcomes import check
 
     check(step.params.tables, step.params.results_dir, step.params.strict, step.output[0])
 

@@ -2,11 +2,11 @@
 
 import os
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.jobenv import cpu_workers
+    from gpulab.core.jobenv import cpu_workers
     from gpulab.report.render import render_report
 
     command = os.environ.get("GPULAB_COMMAND", "snakemake --cores 1")

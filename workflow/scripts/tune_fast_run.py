@@ -1,6 +1,6 @@
 """Snakemake script of rule tune_fast_run: engine fast's decode step under each variant (gpulab.llm.tune)."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:

@@ -1,6 +1,6 @@
 """Snakemake script of rule tune_triton_op: every Triton launch candidate of one op (gpulab.bench.tune)."""
 
-from gpulab.step import Step, run
+from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:

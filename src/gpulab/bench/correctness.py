@@ -4,7 +4,7 @@ Fresh random inputs (never zeros, which hide unwritten outputs and wrong indexin
 the first call; the output is poisoned with NaN before it (the ``out=`` buffer of implementations that
 take one, which the timed calls then write again; elsewhere, on a GPU, the caching allocator's block the
 output will be carved from). The output is compared with the op's float64 reference
-(:func:`gpulab.bench.ops.check`: norm error and a per-element bound per dtype; any NaN/Inf fails), and
+(:func:`gpulab.core.ops.check`: norm error and a per-element bound per dtype; any NaN/Inf fails), and
 the inputs must be unchanged afterwards: an implementation that mutates its inputs is incorrect. The
 runner checks the output of the last timed call the same way (:func:`check_output_again`: where the
 gate's output was kept and the last timed call returned the same bits from the same, untouched inputs, the
@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpulab.bench.ops import NORM_TOLERANCES, Check, check, norm_tolerance
 from gpulab.bench.registry import Case, Impl
-from gpulab.device import synchronize
+from gpulab.core.device import synchronize
+from gpulab.core.ops import NORM_TOLERANCES, Check, check, norm_tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +73,7 @@ def prepare(impl: Impl, case: Case, inputs: Sequence[torch.Tensor]) -> Prepared:
     """The closure over ``inputs``, with a NaN-poisoned output (buffer or allocator block) before its first call."""
     import torch
 
-    from gpulab.dtypes import torch_dtype
+    from gpulab.core.dtypes import torch_dtype
 
     dtype = torch_dtype(case.dtype)
     shape = tuple(inputs[0].shape)
@@ -120,7 +120,7 @@ def _structural_failure(case: Case, prepared: Prepared, result: Any, saved: Sequ
     changed inputs; None when none of these is wrong."""
     import torch
 
-    from gpulab.dtypes import torch_dtype
+    from gpulab.core.dtypes import torch_dtype
 
     def fail(reason: str) -> Check:
         return Check(False, math.nan, math.nan, math.nan, 0, tolerance, reason)

@@ -1,4 +1,4 @@
-"""The five implementations every op of the registry (:mod:`gpulab.bench.ops`) has, each derived from its entry.
+"""The five implementations every op of the registry (:mod:`gpulab.core.ops`) has, each derived from its entry.
 
 ``manual``: the study's unfused PyTorch (one kernel per operator); ``native``: PyTorch's fused op (the
 baseline); ``cpp_ext``: the hand-written HIP/CUDA C++ extension (``torch.ops.gpulab.<ext_op>``, built by the
@@ -15,9 +15,10 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulab.bench.ops import op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Unavailable, register_kind
-from gpulab.device import DeviceInfo
+from gpulab.core.compiled import static_compile
+from gpulab.core.device import DeviceInfo
+from gpulab.core.ops import op_spec
 
 if TYPE_CHECKING:
     import torch
@@ -94,8 +95,8 @@ def extension_unavailable(ctx: BenchContext, op: str) -> Unavailable | None:
 
 
 def _load_extension() -> Unavailable | None:
-    # The job's script loaded the library its rule's manifest names (gpulab.build.load_from_manifest).
-    from gpulab.build import manifest_outcome
+    # The job's script loaded the library its rule's manifest names (gpulab.native.load_from_manifest).
+    from gpulab.native import manifest_outcome
 
     loaded = manifest_outcome()
     if loaded.status != "ok":
@@ -107,10 +108,6 @@ def _load_extension() -> Unavailable | None:
 # ---------------------------------------------------------------- torch.compile
 
 _compiled: dict[str, Any] = {}
-# Static-shape graphs dynamo may keep for one code object: every case of a cell (sizes x dtypes) at once.
-RECOMPILE_LIMIT = 256
-
-
 def compiled_manual(case: Case) -> Callable[..., torch.Tensor]:
     """``torch.compile(manual, dynamic=False)``: one static-shape graph per (shape, dtype).
 
@@ -125,20 +122,6 @@ def compiled_manual(case: Case) -> Callable[..., torch.Tensor]:
     if key not in _compiled:
         _compiled[key] = static_compile(op_spec(case.op).manual)
     return _compiled[key]
-
-
-def static_compile(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.compile(fn, dynamic=False)``, with dynamo's recompile limit raised to RECOMPILE_LIMIT and reaching it
-    an error: every shape and dtype it is called with keeps a static graph of its own, never eager PyTorch."""
-    import torch
-
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "accumulated_recompile_limit"):
-        if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        config.fail_on_recompile_limit_hit = True
-    return torch.compile(fn, dynamic=False)
 
 
 # ---------------------------------------------------------------- the five kinds
@@ -167,7 +150,7 @@ def cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None
 def triton_ahead(cases: Sequence[Case], info: DeviceInfo) -> None:
     """Compile every kernel the cases' Triton launches need on ``info``'s device (the op module's ``warm_<op>``;
     a module without one compiles at its first launches), all at once on the host's cores, launching nothing."""
-    from gpulab.dtypes import torch_dtype
+    from gpulab.core.dtypes import torch_dtype
     from gpulab.kernels.triton.config import parallel_compile, target_of
 
     target = target_of(info)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from gpulab.bench.ops import OPS
-from gpulab.device import DeviceInfo
+from gpulab.core.device import DeviceInfo
+from gpulab.core.ops import OPS
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +31,7 @@ Availability = Callable[["BenchContext"], "Unavailable | None"]
 # The same for an implementation of every op, told which op it is asked about.
 OpAvailability = Callable[["BenchContext", str], "Unavailable | None"]
 # Compiles what a cell's cases will launch on the probed device, CPU-only, before its job claims the device
-# (gpulab.device_lock): the compiler then runs while another job measures.
+# (gpulab.core.device_lock): the compiler then runs while another job measures.
 Ahead = Callable[[Sequence["Case"], DeviceInfo], None]
 
 BASELINE = "native"

@@ -40,9 +40,8 @@ from gpulab.bench.correctness import (
     snapshot,
     tolerance_for,
 )
-from gpulab.bench.ops import Shape, op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Impl, Registry
-from gpulab.ceilings import (
+from gpulab.core.ceilings import (
     BESIDE_THE_CASE,
     MISS,
     PATTERN_TRANSFERS,
@@ -55,13 +54,14 @@ from gpulab.ceilings import (
     reference_closures,
     share_ceilings,
 )
-from gpulab.datasheet import pct_of_datasheet
-from gpulab.device import DeviceInfo, synchronize
-from gpulab.dtypes import ITEMSIZE, torch_dtype
-from gpulab.energy import per_unit
-from gpulab.smi import gpu_state, state_text, throttled
-from gpulab.tables import Column, TableSchema
-from gpulab.timing import (
+from gpulab.core.datasheet import pct_of_datasheet
+from gpulab.core.device import DeviceInfo, synchronize
+from gpulab.core.dtypes import ITEMSIZE, torch_dtype
+from gpulab.core.energy import per_unit
+from gpulab.core.ops import Shape, op_spec
+from gpulab.core.smi import gpu_state, state_text, throttled
+from gpulab.core.tables import Column, TableSchema
+from gpulab.core.timing import (
     BLOCK_SEPARATOR,
     CacheFlusher,
     Measurement,
@@ -103,13 +103,14 @@ BENCH = TableSchema(
         Column("nonfinite", "int", "outputs that were NaN/inf after the call (poisoned and unwritten)"),
         Column("tolerance", "float", "rel_err bound for this dtype"),
         Column("cold_call_ms", "float", "first call of this case in its job: compilation/autotuning/JIT included, "
-               "unless the compiler caches under .cache/ (gpulab.paths) already held them from an earlier run"),
+               "unless the compiler caches under .cache/ (gpulab.core.paths) already held them from an earlier run"),
         Column("gbps", "float", "bytes_moved / median time, GB/s (1e9 B/s)"),
         Column("gbps_p90", "float", "GB/s at the p10 time (the fast end of the spread)"),
         Column("gbps_p10", "float", "GB/s at the p90 time (the slow end of the spread)"),
         Column("gflops", "float", "flops / median time, GFLOP/s"),
         Column("ceiling_gbps", "float", "the pattern's measured ceiling at this row's tensor size, one for every table "
-               "(gpulab.ceilings.share_ceilings): the best of the dedicated methods (dedicated_ceiling_gbps), or the "
+               "(gpulab.core.ceilings.share_ceilings): the best of the dedicated methods "
+               "(dedicated_ceiling_gbps), or the "
                "fastest row of any op of the same pattern, dtype and size where that row beat them all "
                "(ceiling_method then names it)"),
         Column("dedicated_ceiling_gbps", "float", "the best of the dedicated ceiling methods at this size "
@@ -125,7 +126,8 @@ BENCH = TableSchema(
         Column("pct_of_ceiling", "float", "gbps as a percentage of ceiling_gbps; empty for latency rows"),
         Column("above_ceiling", "bool", "gbps exceeds the dedicated ceiling by more than the spread (p90/p10) of both: "
                "then the ceiling is not trustworthy; empty for latency rows (not judged)"),
-        Column("datasheet_gbps", "float", "the device's datasheet memory bandwidth (gpulab.datasheet); empty where "
+        Column("datasheet_gbps", "float", "the device's datasheet memory bandwidth "
+               "(gpulab.core.datasheet); empty where "
                "the device is not listed"),
         Column("pct_of_datasheet", "float", "gbps as a percentage of datasheet_gbps"),
         Column("gb_per_j", "float", "bytes_moved per joule of device energy (GB/J): energy_j of one call; empty "
@@ -522,7 +524,7 @@ def bench_cell_job(
 ) -> pd.DataFrame:
     """What the Snakemake job of one (target, op, impl) does: resolve sizes, run, write the cell CSV."""
     from gpulab.bench.sizes import resolve_sizes
-    from gpulab.device import detect, probe
+    from gpulab.core.device import detect, probe
 
     probed = info or probe()
     shapes = resolve_sizes(op, bench_config.get("sizes", "auto"), probed, bench_config.get("max_tensor_mib", "auto"))

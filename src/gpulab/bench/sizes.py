@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpulab.bench.ops import Shape, op_spec, parse_shape
-from gpulab.device import DeviceInfo
-from gpulab.dtypes import ITEMSIZE
+from gpulab.core.device import DeviceInfo, max_tensor_bytes
+from gpulab.core.dtypes import ITEMSIZE
+from gpulab.core.ops import Shape, op_spec, parse_shape
 
-MiB = 2**20
 ODD_ELEMENTS = 98_432
 ODD_ROWS = (1823, 781)
 STUDY_GELU_ELEMENTS = 16384 * 16384
@@ -28,20 +27,7 @@ GPU_ROWS = [ODD_ROWS, (4096, 1024), *TARGET_SOFTMAX, (16384, 16384), (2048, 1310
 CPU_VECTOR = [ODD_ELEMENTS, 2**20, 2**22]
 CPU_ROWS = [ODD_ROWS, (1024, 1024), (64, 65536)]
 
-GPU_CAP_BYTES = 4096 * MiB
-CPU_CAP_BYTES = 16 * MiB
 FP32_BYTES = 4
-
-
-def max_tensor_bytes(info: DeviceInfo, setting: int | str = "auto") -> int:
-    """Largest fp32 tensor of the auto sizes, in bytes (``bench.max_tensor_mib``)."""
-    if setting != "auto":
-        return int(setting) * MiB
-    if not info.gpu_available:
-        return CPU_CAP_BYTES
-    if not info.total_memory_bytes:
-        return 1024 * MiB
-    return min(GPU_CAP_BYTES, info.total_memory_bytes // 16)
 
 
 def auto_sizes(op: str, info: DeviceInfo, max_bytes: int) -> list[Shape]:

@@ -5,7 +5,7 @@ For each dtype and size of the matrix (the same ``resolve_sizes`` as the bench c
 the running device family (elementwise: the family's autotune list, ``kernels/triton/config.py``; softmax:
 ``softmax.launch_candidates`` around ``launch_choice``) becomes an implementation pinned to that launch and goes
 through the bench's own case runner (:func:`gpulab.bench.runner.run_case`): the op definition's correctness
-gate, :func:`gpulab.timing.measure`, the ceiling at the row's own size. Each row says whether it is the launch
+gate, :func:`gpulab.core.timing.measure`, the ceiling at the row's own size. Each row says whether it is the launch
 the benchmark makes (``picked``: what the autotuner chose in the benchmark's own unpinned call, or the kernel
 module's ``launch_choice``) and whether it is the fastest of its case. Without Triton or a GPU each case is one
 ``skipped`` row with the reason the bench cells give.
@@ -21,14 +21,14 @@ from typing import Any
 import pandas as pd
 
 from gpulab.bench.impls import triton_launcher
-from gpulab.bench.ops import op_spec
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry
 from gpulab.bench.runner import BENCH, case_rows_base, run_case
-from gpulab.ceilings import MISS, Ceilings
-from gpulab.device import DeviceInfo
-from gpulab.dtypes import ITEMSIZE, torch_dtype
-from gpulab.tables import Column, TableSchema
-from gpulab.timing import TimingSettings
+from gpulab.core.ceilings import MISS, Ceilings
+from gpulab.core.device import DeviceInfo
+from gpulab.core.dtypes import ITEMSIZE, torch_dtype
+from gpulab.core.ops import op_spec
+from gpulab.core.tables import Column, TableSchema
+from gpulab.core.timing import TimingSettings
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def tune_triton_job(op: str, *, bench_config: Mapping[str, Any], timing_config: 
                     info: DeviceInfo | None = None) -> pd.DataFrame:
     """What the Snakemake job of one (target, op) does: the bench cells' sizes and dtypes, every candidate."""
     from gpulab.bench.sizes import resolve_sizes
-    from gpulab.device import detect
+    from gpulab.core.device import detect
 
     info = info or detect()
     shapes = resolve_sizes(op, bench_config.get("sizes", "auto"), info, bench_config.get("max_tensor_mib", "auto"))

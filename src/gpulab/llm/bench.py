@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 
-from gpulab.device import DeviceInfo, detect
+from gpulab.core.device import DeviceInfo, detect
+from gpulab.core.tables import Column, TableSchema, write_atomic
 from gpulab.llm import checks, figures, profile, study
 from gpulab.llm.engines import HfEngine, engine_class, engines_described
 from gpulab.llm.models import LoadedModel, ResolvedModel, import_transformers, load_model, model_slug
 from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
 from gpulab.llm.roofline import Ceiling
 from gpulab.llm.study import MESSAGES, Sampling
-from gpulab.tables import Column, TableSchema, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ LLM = TableSchema(
         Column("pct_of_ceiling", "float", "gbps as % of ceiling_gbps"),
         Column("above_ceiling", "bool", "decode rows: gbps exceeds ceiling_gbps by more than the row's spread "
                "(p90/p10): a byte count or a ceiling not to be trusted, flagged as a benchmark row is"),
-        Column("datasheet_gbps", "float", "the device's datasheet memory bandwidth (gpulab.datasheet); empty where "
+        Column("datasheet_gbps", "float", "the device's datasheet memory bandwidth "
+               "(gpulab.core.datasheet); empty where "
                "the device is not listed"),
         Column("pct_of_datasheet", "float", "decode rows: gbps as % of datasheet_gbps"),
         Column("j_per_token", "float", "device energy per token (energy_j of one call over its tokens: n_prompt for "
@@ -88,7 +89,7 @@ LLM = TableSchema(
 
 def llm_defaults() -> dict[str, Any]:
     """The ``llm`` section's defaults from the config schema (usable without jsonschema)."""
-    from gpulab.schema import schema_file
+    from gpulab.core.schema import schema_file
 
     props = schema_file()["properties"]["llm"]["properties"]
     return {key: spec["default"] for key, spec in props.items() if "default" in spec}
@@ -235,7 +236,7 @@ def _estimated_weight_bytes(resolved: ResolvedModel, dtype: str) -> int:
     """Parameter bytes from the config alone (modules built on the meta device: no memory, no weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from gpulab.dtypes import ITEMSIZE
+    from gpulab.core.dtypes import ITEMSIZE
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolved.path))
@@ -312,13 +313,13 @@ def run_llm(resolved: ResolvedModel, engines: Sequence[str], cfg: Mapping[str, A
 
 def compile_ahead(resolved: ResolvedModel, engines: Sequence[str], dtype: str) -> None:
     """Each engine's compiling that needs only the model's config (``compile_ahead``), on the probed GPU, before
-    the job claims the device (gpulab.device_lock), so it runs while another job measures. A failure only leaves
+    the job claims the device (gpulab.core.device_lock), so it runs while another job measures. A failure only leaves
     it to the engine's own preparation, which reports what fails."""
     import time
 
     from transformers import AutoConfig
 
-    from gpulab.device import probe
+    from gpulab.core.device import probe
 
     probed = probe()
     if not probed.gpu_available:

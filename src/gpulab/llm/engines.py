@@ -19,7 +19,7 @@ from gpulab.llm.study import Sampling
 if TYPE_CHECKING:
     import torch
 
-    from gpulab.device import DeviceInfo
+    from gpulab.core.device import DeviceInfo
     from gpulab.llm.checks import Check
     from gpulab.llm.graphs import GraphSettings
     from gpulab.llm.models import LoadedModel
@@ -194,7 +194,7 @@ class FastEngine:
 
         if not info.gpu_available or importlib.util.find_spec("triton") is None:
             return
-        from gpulab.dtypes import torch_dtype
+        from gpulab.core.dtypes import torch_dtype
         from gpulab.kernels.triton.config import target_of
         from gpulab.llm import qwen2
 

@@ -3,7 +3,7 @@
 prompt, generation forced to its length), and ``study`` (the study's prompt and call: sampling, at most
 ``max_new_tokens``, stopping at end of sequence; one timed run, as the study did).
 
-Every time goes through :func:`gpulab.timing.measure` (an untimed first call, then ``llm.reps`` timed
+Every time goes through :func:`gpulab.core.timing.measure` (an untimed first call, then ``llm.reps`` timed
 repetitions); decode rows get bytes per token, achieved GB/s and the share of the read-only ceiling.
 """
 
@@ -18,15 +18,15 @@ from typing import Any
 
 import torch
 
-from gpulab.ceilings import Hit, above_ceiling, pct_of
-from gpulab.datasheet import pct_of_datasheet
-from gpulab.device import DeviceInfo
-from gpulab.energy import ENERGY_SPAN_S, per_unit
+from gpulab.core.ceilings import Hit, above_ceiling, pct_of
+from gpulab.core.datasheet import pct_of_datasheet
+from gpulab.core.device import DeviceInfo
+from gpulab.core.energy import ENERGY_SPAN_S, per_unit
+from gpulab.core.timing import Timing, TimingSettings, measure
 from gpulab.llm.engines import Engine
 from gpulab.llm.probe import PeakMemory
 from gpulab.llm.roofline import Ceiling, bytes_per_token
 from gpulab.llm.study import Sampling
-from gpulab.timing import Timing, TimingSettings, measure
 
 log = logging.getLogger(__name__)
 STUDY_WARMUP_TOKENS = 8

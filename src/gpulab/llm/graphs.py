@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpulab.device import warm_on_side_stream
+from gpulab.core.device import warm_on_side_stream
 
 log = logging.getLogger(__name__)
 

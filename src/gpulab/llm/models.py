@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpulab.paths import PACKAGE_DIR
+from gpulab.core.paths import PACKAGE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ def _dtype_kwarg() -> str:
 def import_transformers() -> None:
     """Import transformers' model classes: seconds of every LLM job on an H100 host (``python -X importtime``:
     ``transformers.models.auto.auto_factory``), none of it on the device, so a job does it before it claims the
-    device (gpulab.device) and another job's measurements run meanwhile."""
+    device (gpulab.core.device) and another job's measurements run meanwhile."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig  # noqa: F401
 
 
@@ -325,8 +325,8 @@ def load_model(resolved: ResolvedModel, device: str, dtype: str = "bf16", seed: 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from gpulab.device import synchronize
-    from gpulab.dtypes import ITEMSIZE, torch_dtype
+    from gpulab.core.device import synchronize
+    from gpulab.core.dtypes import ITEMSIZE, torch_dtype
 
     tdtype = torch_dtype(dtype)
     # each preparation step logged, so a job's log shows its startup (import_transformers says what the import

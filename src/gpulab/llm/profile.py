@@ -19,10 +19,10 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.device import DeviceInfo, synchronize, teardown_profiler_after_use
+from gpulab.core.device import DeviceInfo, synchronize, teardown_profiler_after_use
+from gpulab.core.kernel_trace import classify_kernel, cpu_op_records, device_kernel_records, short_kernel_name
+from gpulab.core.tables import Column, TableSchema
 from gpulab.llm.engines import ENGINES
-from gpulab.mlp.kernels import classify_kernel, cpu_op_records, device_kernel_records, short_kernel_name
-from gpulab.tables import Column, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ LLM_KERNELS = TableSchema(
 
 
 def category(name: str) -> str:
-    """:func:`gpulab.mlp.kernels.classify_kernel`'s categories, with attention kernels apart."""
+    """:func:`gpulab.core.kernel_trace.classify_kernel`'s categories, with attention kernels apart."""
     lower = name.lower()
     if any(word in lower for word in _ATTENTION_WORDS):
         return "attention"
@@ -61,7 +61,7 @@ def category(name: str) -> str:
 
 
 def profile_run(run: Callable[[], Any], info: DeviceInfo) -> list[Any]:
-    """Kernel records (:class:`gpulab.mlp.kernels.KernelRecord`) of one call of ``run``. On a GPU the device
+    """Kernel records (:class:`gpulab.core.kernel_trace.KernelRecord`) of one call of ``run``. On a GPU the device
     activity alone: the rows need no launching op, and recording every CPU op of transformers' 16 study tokens
     and building their events took most of the 7B ``hf`` job's 28 s of profiles on the H100."""
     from torch.profiler import ProfilerActivity, profile

@@ -51,7 +51,7 @@ def read_ceiling(path: str | Path | None, dtype: str) -> Ceiling:
     """The read-only bandwidth of ``dtype`` at the largest measured size; the copy ceiling if absent."""
     if not path:
         return Ceiling(math.nan, "none (no ceilings given)")
-    from gpulab.ceilings import Ceilings
+    from gpulab.core.ceilings import Ceilings
 
     ceilings = Ceilings.load(path)
     read = ceilings.read_gbps(dtype)

@@ -16,8 +16,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from gpulab.core.paths import PACKAGE_DIR
 from gpulab.llm.models import CHAT_TEMPLATE
-from gpulab.paths import PACKAGE_DIR
 
 CORPUS = PACKAGE_DIR / "llm" / "data" / "tiny_corpus.txt"
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"

@@ -3,7 +3,7 @@
 Each variant is a :class:`~gpulab.llm.graphs.GraphSettings` (torch.compile on or off, device graphs on or off,
 an Inductor mode or option). For every model of ``llm.models``, each variant builds engine fast over the same
 loaded weights and runs the LLM step's own ``tg`` figure (:func:`gpulab.llm.figures.tg`: a greedy decode of
-``tokens`` tokens after a one-token prompt, through :func:`gpulab.timing.measure`, placed against the
+``tokens`` tokens after a one-token prompt, through :func:`gpulab.core.timing.measure`, placed against the
 read-only ceiling), then its greedy tokens on the study's prompt are compared with the default variant's (the
 settings ``llm.compile`` and ``llm.graphs`` give the workflow's engine): a mismatch is marked in
 ``tokens_match_default``, never hidden. Variants that need device graphs are ``skipped`` without a GPU; a
@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from gpulab.device import DeviceInfo, detect
+from gpulab.core.device import DeviceInfo, detect
+from gpulab.core.tables import Column, TableSchema
 from gpulab.llm import bench, figures
 from gpulab.llm.bench import LLM, Job, Sizes
 from gpulab.llm.engines import FastEngine
@@ -28,7 +29,6 @@ from gpulab.llm.models import ResolvedModel
 from gpulab.llm.probe import PeakMemory
 from gpulab.llm.roofline import Ceiling
 from gpulab.llm.study import Sampling
-from gpulab.tables import Column, TableSchema
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The MLP's own matmul ceilings (mlp/ceilings.csv): at its GEMM shapes and on the path its products take.
 
 Measured by the MLP's step, so the MLP's settings never re-measure the benchmark matrix's ceilings, and kept apart
-from :mod:`gpulab.ceilings` so a benchmark cell's code does not include the MLP's.
+from :mod:`gpulab.core.ceilings` so a benchmark cell's code does not include the MLP's.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpulab.ceilings import Gemm, ceiling_rate, mark_best, matmul_modes, measure_matmul, timed_row, with_state
-from gpulab.device import DeviceInfo, detect
+from gpulab.core.ceilings import Gemm, ceiling_rate, mark_best, matmul_modes, measure_matmul, timed_row, with_state
+from gpulab.core.device import DeviceInfo, detect
+from gpulab.core.timing import TimingSettings
 from gpulab.mlp.model import VARIANTS, MLPShape, matmul_flops
-from gpulab.timing import TimingSettings
 
 
 def measure_gemm_ceilings(dtypes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings, *, target: str,

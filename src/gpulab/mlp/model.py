@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpulab.device import DeviceInfo
+from gpulab.core.device import DeviceInfo
 
 # "auto" sizes: the study's GPU run, and a CPU size that keeps CI fast.
 GPU_SHAPE = {"dim": 2048, "num_layers": 64, "batch": 1024}
@@ -137,6 +137,6 @@ VARIANTS: dict[str, Variant] = {
 
 def ceiling_dtypes(variants: Sequence[str]) -> list[str]:
     """The dtypes whose matmul ceiling the variants are placed against (TF32 is fp32's CUDA mode: measured with it,
-    :func:`gpulab.ceilings.matmul_modes`)."""
+    :func:`gpulab.core.ceilings.matmul_modes`)."""
     return sorted({"fp32" if VARIANTS[v].ceiling_dtype == "tf32" else VARIANTS[v].ceiling_dtype
                    for v in variants if v in VARIANTS})

@@ -3,7 +3,7 @@
 Per variant: the closure that will be timed (an eager step, or the replay of the step captured in a
 CUDA/HIP graph) runs once and its output and last-layer weight gradient are compared with a float64
 reference; a variant that fails is recorded ``incorrect`` and neither timed nor profiled. Then the
-allocator's peak over one step, the closure timed with :func:`gpulab.timing.measure` (and the last timed
+allocator's peak over one step, the closure timed with :func:`gpulab.core.timing.measure` (and the last timed
 call's results checked again), then ``num_steps`` calls under ``torch.profiler`` whose Chrome trace,
 flame-graph stacks, operator table and device kernels are written. A variant that cannot run here (TF32
 off CUDA, graphs without a GPU) or breaks (out of memory, a compiler missing, graph capture refused) is a
@@ -30,10 +30,10 @@ import pandas as pd
 import torch
 from torch.profiler import record_function
 
-from gpulab.ceilings import MISS, Ceilings, above_ceiling, pct_of
-from gpulab.device import DeviceInfo, detect, synchronize, teardown_profiler_after_use, warm_on_side_stream
-from gpulab.energy import ENERGY_SPAN_S, per_unit
-from gpulab.mlp.kernels import (
+from gpulab.core.ceilings import MISS, Ceilings, above_ceiling, pct_of
+from gpulab.core.device import DeviceInfo, detect, synchronize, teardown_profiler_after_use, warm_on_side_stream
+from gpulab.core.energy import ENERGY_SPAN_S, per_unit
+from gpulab.core.kernel_trace import (
     BACKWARD_RANGE,
     FORWARD_RANGE,
     GRAPH_LAUNCH,
@@ -44,9 +44,9 @@ from gpulab.mlp.kernels import (
     kernel_table,
     op_table,
 )
+from gpulab.core.tables import Column, TableSchema, write_atomic
+from gpulab.core.timing import TimingSettings, measure
 from gpulab.mlp.model import MLP, VARIANTS, MLPShape, Variant, matmul_flops, resolve_shape
-from gpulab.tables import Column, TableSchema, write_atomic
-from gpulab.timing import TimingSettings, measure
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ gives "no verdict", said so.
 The bootstrap resamples whole blocks of repetitions (a cluster bootstrap), not single repetitions.
 Repetitions of one block share their conditions (the memory layout, what else the machine was doing),
 so they are not independent: on a busy 2-core machine consecutive repetitions agree to 1% while two runs
-of the same build differ by 5-35%. ``gpulab.timing.measure`` re-draws those conditions before each of its
+of the same build differ by 5-35%. ``gpulab.core.timing.measure`` re-draws those conditions before each of its
 blocks, so the spread between blocks is a sample of the spread between runs, and resampling blocks
 carries it into the interval. Rows recorded before blocks existed are cut into consecutive chunks of
 their timed sequence (a block bootstrap of a time series), which carries at least the drift within them.
@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpulab.ceilings import with_regimes
+from gpulab.core.ceilings import with_regimes
+from gpulab.core.timing import parse_blocks
 from gpulab.report.results import key_columns, number
-from gpulab.timing import parse_blocks
 
 # Throughput columns, best first: where an artifact has one, targets are compared on it (higher is
 # better) so cells at different problem sizes (sizes scale with each device) still compare.

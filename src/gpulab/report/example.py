@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from gpulab.jobenv import available_cores
+from gpulab.core.jobenv import available_cores
 from gpulab.report.render import RenderedReport, render_report
 
 # (fixture directory, path inside it, path inside results/<target>/) of each recorded area.

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from gpulab.core.tables import IDENTIFYING_COLUMNS
+from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 from gpulab.report.results import ResultsIndex
-from gpulab.tables import IDENTIFYING_COLUMNS
-from gpulab.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 
 # The column holding a row's percentage of its measured ceiling (benchmark, MLP and LLM tables).
 PCT_COLUMN = "pct_of_ceiling"

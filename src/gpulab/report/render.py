@@ -31,13 +31,13 @@ import pandas as pd
 import yaml
 from markupsafe import Markup
 
-from gpulab.env_capture import git_state
-from gpulab.parallel import run_all
+from gpulab.core.parallel import run_all
+from gpulab.core.tables import write_atomic
+from gpulab.env.capture import git_state
 from gpulab.report import sections as sections_pkg
 from gpulab.report.findings import ABOVE_PCT
 from gpulab.report.plots import apply_style
 from gpulab.report.results import Problem, ResultsIndex
-from gpulab.tables import write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SIZE_BUDGET_BYTES = 5 * 2**20

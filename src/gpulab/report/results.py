@@ -18,14 +18,14 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.ceilings import STATE_COLUMNS
-from gpulab.history import HISTORY
-from gpulab.tables import IDENTIFYING_COLUMNS
-from gpulab.timing import TIMING_COLUMNS
+from gpulab.core.ceilings import STATE_COLUMNS
+from gpulab.core.history import HISTORY
+from gpulab.core.tables import IDENTIFYING_COLUMNS
+from gpulab.core.timing import TIMING_COLUMNS
 
 # Columns that describe a row rather than identify or measure it.
 METADATA_COLUMNS = ("target", "fingerprint", "status", "reason")
-# Every row of every table the workflow writes names these (gpulab.tables.COMMON_COLUMNS); a table without
+# Every row of every table the workflow writes names these (gpulab.core.tables.COMMON_COLUMNS); a table without
 # them, or a row with one of them empty, was cut off or is not the workflow's. (Not the fingerprint: tables
 # copied in from older versions of the workflow may lack it.)
 REQUIRED_COLUMNS = ("target", "status")
@@ -281,5 +281,5 @@ def number(value: Any) -> float:
 
 
 def is_measured(df: pd.DataFrame) -> bool:
-    """Rows carry the timing columns of :func:`gpulab.timing.measure`."""
+    """Rows carry the timing columns of :func:`gpulab.core.timing.measure`."""
     return {"median_ms", "p10_ms", "p90_ms"}.issubset(df.columns)

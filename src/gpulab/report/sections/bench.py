@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.bench.ops import OPS as OP_SPECS
 from gpulab.bench.registry import BASELINE
-from gpulab.ceilings import with_regimes
-from gpulab.dtypes import ITEMSIZE
+from gpulab.core.ceilings import with_regimes
+from gpulab.core.dtypes import ITEMSIZE
+from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.report import plots
 
 ORDER = 40

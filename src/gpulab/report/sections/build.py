@@ -10,9 +10,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
+from gpulab.native.timing_pitfalls import STUDY_MS, TUTORIAL_SIZE
 from gpulab.report import plots
 from gpulab.report.results import number
-from gpulab.timing_pitfalls import STUDY_MS, TUTORIAL_SIZE
 
 ORDER = 30
 ID = "build"

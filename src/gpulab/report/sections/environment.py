@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.runtime_stack import LAYER_NAMES
+from gpulab.env.runtime_stack import LAYER_NAMES
 
 ORDER = 20
 ID = "environment"

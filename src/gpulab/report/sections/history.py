@@ -1,6 +1,6 @@
 """History: tables that hold an earlier run's results (stale), and each cell's trend across a target's kept runs.
 
-A table is stale where its last re-measurement failed or was interrupted and gpulab.history put the last good
+A table is stale where its last re-measurement failed or was interrupted and gpulab.core.history put the last good
 copy back (older than its inputs, so the next run measures it again). The trend follows each cell of every
 measured artifact through the runs that wrote that artifact (``results/<target>/history/``), oldest first, and
 flags a step from one run to the next only where ``gpulab compare`` would (gpulab.report.compare.run_deltas).
@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.history import Run, runs
-from gpulab.history import stale as stale_tables
+from gpulab.core.history import Run, runs
+from gpulab.core.history import stale as stale_tables
 from gpulab.report.compare import AMBIGUOUS, FLAGGED, run_deltas
 from gpulab.report.results import is_measured, key_columns
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.bench.ops import OPS
-from gpulab.kernel_compile.archs import ARCHS
+from gpulab.core.ops import OPS
 from gpulab.report import plots
+from gpulab.toolchains.archs import ARCHS
 
 ORDER = 45
 ID = "kernels"

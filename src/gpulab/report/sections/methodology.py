@@ -17,13 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.ceilings import RAISE_LIMIT
-from gpulab.config import config_hash
-from gpulab.device_lock import WAITS_DIR, read_waits, waited_s
-from gpulab.env_capture import git_state
-from gpulab.report import findings
-from gpulab.report.results import is_measured, job_outputs
-from gpulab.timing import (
+from gpulab.core.ceilings import RAISE_LIMIT
+from gpulab.core.device_lock import WAITS_DIR, read_waits, waited_s
+from gpulab.core.timing import (
     CPU_FLUSH_BYTES,
     CPU_MAX_WALL_S,
     CPU_MIN_SPAN_S,
@@ -37,6 +33,10 @@ from gpulab.timing import (
     MIN_STABLE_REPS,
     TimingSettings,
 )
+from gpulab.env.capture import git_state
+from gpulab.report import findings
+from gpulab.report.results import is_measured, job_outputs
+from gpulab.workflow.config import config_hash
 
 ORDER = 90
 ID = "methodology"
@@ -120,7 +120,7 @@ def correctness_thresholds(config: dict[str, Any]) -> pd.DataFrame | None:
     if not isinstance(defaults, dict) or not defaults:
         return None
     overrides = (config.get("bench") or {}).get("tolerances") or {}
-    from gpulab.bench.ops import ELEMENT_TOLERANCES
+    from gpulab.core.ops import ELEMENT_TOLERANCES
 
     return pd.DataFrame([{"dtype": k, "max relative error": overrides.get(k, v),
                           "from": "config bench.tolerances" if k in overrides else "default",
@@ -155,7 +155,7 @@ def _params_hash(params: Any) -> str:
 
 
 def _device_wait(ctx: Any, target: str, job: str) -> float:
-    """Seconds the job waited for another job's measurements (its wait record, gpulab.device_lock)."""
+    """Seconds the job waited for another job's measurements (its wait record, gpulab.core.device_lock)."""
     return waited_s(read_waits(ctx.results.path(target, f"{WAITS_DIR}/{job}.jsonl")))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from gpulab.mlp.kernels import CATEGORIES, HOST_BOUND_SHARE, PHASES, short_kernel_name
+from gpulab.core.kernel_trace import CATEGORIES, HOST_BOUND_SHARE, PHASES, short_kernel_name
 from gpulab.report import findings, plots
 
 ORDER = 50

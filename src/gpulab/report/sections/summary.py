@@ -13,12 +13,12 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.bench.ops import OPS
-from gpulab.ceilings import BESIDE_THE_CASE
+from gpulab.core.ceilings import BESIDE_THE_CASE
+from gpulab.core.ops import OPS
+from gpulab.core.tables import IDENTIFYING_COLUMNS, STATUSES
+from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 from gpulab.report import findings
 from gpulab.report.results import ResultsIndex
-from gpulab.tables import IDENTIFYING_COLUMNS, STATUSES
-from gpulab.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 
 ORDER = 10
 ID = "summary"
@@ -103,7 +103,7 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
 
 def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
     """What the best GeLU row's percentage is of: where it beat every copy method at its size, it is that size's
-    ceiling itself (gpulab.ceilings.share_ceilings); where the memcpy timed beside it set the ceiling, that
+    ceiling itself (gpulab.core.ceilings.share_ceilings); where the memcpy timed beside it set the ceiling, that
     figure. Either way the copy card beside it (the ceilings job's plateau) shows another number."""
     dedicated = pd.to_numeric(pd.Series([row.get("dedicated_ceiling_gbps")]), errors="coerce").iloc[0]
     method = str(row.get("ceiling_method", ""))

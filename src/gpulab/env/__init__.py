@@ -1,0 +1,1 @@
+"""The environment capture: versions, tools and the runtime stack a run's figures came from."""

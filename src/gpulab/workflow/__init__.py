@@ -1,0 +1,1 @@
+"""The workflow's plumbing: the step runner, configuration, sources, failures and outcomes."""
