@@ -30,8 +30,12 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 REFUSED = 2
 
 
-class Refused(Exception):
-    """The command cannot do what was asked; the message is one line saying why."""
+class Refused(SystemExit):
+    """The command cannot do what was asked: exits :data:`REFUSED`; the message is one line saying why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = REFUSED
 
 
 def _config(path: str | None) -> dict[str, Any]:
@@ -109,9 +113,10 @@ NOT_COMPARABLE_SHOWN = 20
 def _cell(row: dict[str, Any]) -> str:
     from rich.markup import escape
 
+    from gpulab.report.compare import shown
     from gpulab.report.results import KEY_COLUMNS
 
-    keys = ", ".join(f"{k}={row[k]}" for k in KEY_COLUMNS if k in row and row[k] == row[k])
+    keys = ", ".join(f"{k}={shown(row[k])}" for k in KEY_COLUMNS if k in row and row[k] == row[k])
     return f"{row['target']} {row['artifact']} {escape(f'[{keys}]')}"
 
 
@@ -297,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rich.markup import escape
 
         console.print(f"[red]gpulab {args.command}: {escape(str(exc))}[/]")
-        return REFUSED
+        raise
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         return 2

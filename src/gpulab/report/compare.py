@@ -352,14 +352,15 @@ def _same(a: Any, b: Any) -> bool:
     return pd.isna(a) == pd.isna(b) and (pd.isna(a) or str(a) == str(b))
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A cell as a reader writes it: 256 for 256.0, – for an empty one."""
     x = number(value)
     return "–" if pd.isna(value) else f"{x:.0f}" if math.isfinite(x) and x == int(x) else str(value)
 
 
 def setting_changes(row: Mapping[str, Any], settings: Sequence[str]) -> str:
     """The settings a matched pair differs in, ``dim: 256 → 512``; '' where it agrees on all."""
-    return "; ".join(f"{s}: {_shown(row[f'{s}_a'])} → {_shown(row[f'{s}_b'])}" for s in settings
+    return "; ".join(f"{s}: {shown(row[f'{s}_a'])} → {shown(row[f'{s}_b'])}" for s in settings
                      if not _same(row[f"{s}_a"], row[f"{s}_b"]))
 
 
