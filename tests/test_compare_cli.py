@@ -49,7 +49,8 @@ def _mlp_dim(target: Path, dim: int, slower: float) -> None:
     ok = table["status"] == "ok"
     for column in ("median_ms", "p10_ms", "p90_ms", "mean_ms", "min_ms"):
         table.loc[ok, column] *= slower
-    table.loc[ok, "times_ms"] = [format_blocks([slower * b for b in parse_blocks(t)]) for t in table.loc[ok, "times_ms"]]
+    table.loc[ok, "times_ms"] = [format_blocks([slower * b for b in parse_blocks(times)])
+                                 for times in table.loc[ok, "times_ms"]]
     table.to_csv(path, index=False)
     record = target / "benchmarks" / "mlp_profile.jsonl"
     job = json.loads(record.read_text().splitlines()[0])
@@ -119,8 +120,8 @@ def test_runs_on_other_devices_are_refused_unless_asked_for(tmp_path, capsys, mo
         "gpulab compare: cannot gate (--fail-on regression): the devices differ (local: AMD EPYC (cpu, 2 cores) → "
         "NVIDIA H100 80GB HBM3 (cuda, sm_90)), so no cell is comparable; give --across-devices to judge them anyway")
     assert "cells: 53 not comparable" in err
-    assert ("not comparable local bench/gelu.csv [op=gelu, impl=cpp_ext, dtype=bf16, size=98432] device: AMD EPYC (cpu, "
-            "2 cores) → NVIDIA H100 80GB HBM3 (cuda, sm_90)") in err
+    assert ("not comparable local bench/gelu.csv [op=gelu, impl=cpp_ext, dtype=bf16, size=98432] device: "
+            "AMD EPYC (cpu, 2 cores) → NVIDIA H100 80GB HBM3 (cuda, sm_90)") in err
     code, err = _compare(capsys, "cpu", "h100", "--fail-on", "regression", "--across-devices")
     assert code == 0, err
     assert "not comparable local mlp/summary.csv [variant=fp32] dim: 256 → 2048" in err
