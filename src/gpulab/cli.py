@@ -57,7 +57,8 @@ def _results_dir(value: str, what: str) -> Path:
     path = Path(value)
     if not path.is_dir():
         raise Refused(f"{what} {value!r} is not a directory")
-    if (path / "env" / "env.json").is_file() or (path / HISTORY).is_dir():
+    # What only a target directory holds: its environment capture, kept runs, jobs' records and logs.
+    if (path / "env" / "env.json").is_file() or any((path / d).is_dir() for d in (HISTORY, "benchmarks", "logs")):
         raise Refused(f"{value} is a target directory; give its results root: {path.parent}")
     if not ResultsIndex(path).targets:
         raise Refused(f"{what} {value!r} holds no results (expected {value}/<target>/<step>/...)")
