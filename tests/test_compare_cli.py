@@ -168,3 +168,12 @@ def test_cells_are_paired_on_their_declared_names_and_must_agree_on_their_settin
     assert deltas.loc["fp32", "verdict"] == NOT_COMPARABLE and deltas.loc["fp32", "note"] == "dim: 256 → 512"
     assert np.isnan(deltas.loc["fp32", "change_pct"])
     assert deltas.loc["bf16", "verdict"] == SLOWER  # 256 and 256.0 are one setting
+
+
+def test_an_llm_test_with_other_lengths_is_not_comparable():
+    row = {"target": "t", "status": "ok", "model": "tiny", "engine": "hf", "test": "study", "dtype": "bf16",
+           "n_prompt": 80, "n_gen": 128, "median_ms": 400.0, "p10_ms": 390.0, "p90_ms": 410.0, "reps": 1}
+    llm = cell_key("llm/tiny__hf.csv")
+    deltas = run_deltas(pd.DataFrame([row]), pd.DataFrame([{**row, "n_gen": 64, "median_ms": 200.0}]),
+                        list(llm.names), settings=llm.settings)
+    assert list(deltas["verdict"]) == [NOT_COMPARABLE] and list(deltas["note"]) == ["n_gen: 128 → 64"]

@@ -445,10 +445,10 @@ def cell_columns(name: str, a: pd.DataFrame, b: pd.DataFrame) -> tuple[list[str]
     an artifact not declared is paired on :func:`key_columns` (None). Where the names do not make rows unique,
     the settings join them."""
     cell = cell_key(name)
-    if cell is None:
+    names = [c for c in cell.names if c in a.columns and c in b.columns] if cell is not None else []
+    if cell is None or not names:
         return None, []
-    names = [c for c in cell.names if c in a.columns and c in b.columns]
-    if not names or any(frame.duplicated(subset=names).any() for frame in (a, b)):
+    if any(frame.duplicated(subset=names).any() for frame in (a, b)):
         return [*names, *(c for c in cell.settings if c in a.columns and c in b.columns)], []
     return names, list(cell.settings)
 
