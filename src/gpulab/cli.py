@@ -2,7 +2,7 @@
 
     gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory
     gpulab compare BASELINE NEW [-o reports/compare.html] [--min-effect 3] [--fail-on regression]
-                                                             the same report with a verdict per cell; BASELINE
+                   [--across-devices]                        the same report with a verdict per cell; BASELINE
                                                              and NEW are results directories or kept runs
                                                              (results/local@<run>, results/local/history/<run>)
     gpulab history [RESULTS] [--target T]                    the runs kept of each target
@@ -25,6 +25,17 @@ from gpulab.core.jobenv import available_cores
 from gpulab.workflow.config import ConfigError, load_config, validate_config
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
+# A usage the command refuses (a path that is not a results root, a gate with nothing to read): exit 2, never the
+# 1 of a regression, so a CI job cannot mistake one for the other.
+REFUSED = 2
+
+
+class Refused(SystemExit):
+    """The command cannot do what was asked: exits :data:`REFUSED`; the message is one line saying why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = REFUSED
 
 
 def _config(path: str | None) -> dict[str, Any]:
@@ -38,13 +49,19 @@ def _config(path: str | None) -> dict[str, Any]:
 
 
 def _results_dir(value: str, what: str) -> Path:
-    path = Path(value)
-    if not path.is_dir():
-        raise SystemExit(f"gpulab: {what} {value!r} is not a directory")
+    """A results root (``results``, holding ``<target>/<step>/...``); a target directory inside one is refused,
+    naming the root to give."""
+    from gpulab.core.history import HISTORY
     from gpulab.report.results import ResultsIndex
 
+    path = Path(value)
+    if not path.is_dir():
+        raise Refused(f"{what} {value!r} is not a directory")
+    # What only a target directory holds: its environment capture, kept runs, jobs' records and logs.
+    if (path / "env" / "env.json").is_file() or any((path / d).is_dir() for d in (HISTORY, "benchmarks", "logs")):
+        raise Refused(f"{value} is a target directory; give its results root: {path.parent}")
     if not ResultsIndex(path).targets:
-        raise SystemExit(f"gpulab: {what} {value!r} holds no results (expected {value}/<target>/<step>/...)")
+        raise Refused(f"{what} {value!r} holds no results (expected {value}/<target>/<step>/...)")
     return path
 
 
@@ -59,52 +76,96 @@ def _report(args: argparse.Namespace, command: str) -> int:
     return 0
 
 
-def _run_or_results(value: str, what: str) -> tuple[Path, str]:
-    """A results directory, or a kept run of a target (gpulab.core.history) as one; and how to name it."""
+def _run_or_results(value: str, what: str) -> tuple[Path, str, str | None]:
+    """A results directory, or a kept run of a target (gpulab.core.history) as one; its name; the kept run's id."""
     from gpulab.core.history import resolve_results
 
     try:
         path, run = resolve_results(value)
     except LookupError as exc:
-        raise SystemExit(f"gpulab: {what}: {exc}") from None
-    return _results_dir(str(path), what), run or value
+        raise Refused(f"{what}: {exc}") from None
+    return _results_dir(str(path), what), run or value, run.split("@", 1)[1] if run else None
 
 
 def _compare(args: argparse.Namespace, command: str) -> int:
     from gpulab.report.render import render_report
 
     config = _config(args.config)
-    baseline, baseline_name = _run_or_results(args.baseline, "baseline results")
-    new, new_name = _run_or_results(args.new, "new results")
+    baseline, baseline_name, baseline_run = _run_or_results(args.baseline, "baseline results")
+    new, new_name, new_run = _run_or_results(args.new, "new results")
     if baseline.resolve() == new.resolve() or baseline_name == new_name:
-        raise SystemExit("gpulab: BASELINE and NEW are the same directory (or the same kept run); nothing to compare")
+        raise Refused("BASELINE and NEW are the same directory (or the same kept run); nothing to compare")
     title = args.title or f"{config['report']['title']}: {new_name} against {baseline_name}"
     min_effect = args.min_effect / 100
-    # The changes section reads the threshold from here (keys starting with "_" are not configuration).
-    config = {**config, "_min_effect": min_effect}
+    # The changes section reads these from here (keys starting with "_" are not configuration).
+    config = {**config, "_min_effect": min_effect, "_across_devices": args.across_devices,
+              "_runs": (baseline_run, new_run)}
     rendered = render_report(new, Path(args.output), config, command, baseline_dir=baseline, title=title,
                              workers=available_cores())
     _summarise(rendered)
-    return _verdicts(baseline, new, min_effect, args.fail_on)
+    return _verdicts((baseline, baseline_name, baseline_run), (new, new_name, new_run), min_effect, args.fail_on,
+                     args.across_devices)
 
 
-def _verdicts(baseline: Path, new: Path, min_effect: float, fail_on: str | None) -> int:
-    """Print the per-cell verdict counts; with ``--fail-on regression``, exit 1 on any regression."""
+# How many cells that are not comparable are named one by one; the rest are counted.
+NOT_COMPARABLE_SHOWN = 20
+
+
+def _cell(row: dict[str, Any]) -> str:
     from rich.markup import escape
 
-    from gpulab.report.compare import compare_runs, regressions
+    from gpulab.report.compare import shown
+    from gpulab.report.results import KEY_COLUMNS
+
+    keys = ", ".join(f"{k}={shown(row[k])}" for k in KEY_COLUMNS if k in row and row[k] == row[k])
+    return f"{row['target']} {row['artifact']} {escape(f'[{keys}]')}"
+
+
+def _verdicts(baseline: tuple[Path, str, str | None], new: tuple[Path, str, str | None], min_effect: float,
+              fail_on: str | None, across_devices: bool = False) -> int:
+    """Print both runs (device, commit, configuration digest, the configuration keys that differ) and the per-cell
+    verdicts; with ``--fail-on regression``, exit 1 on a regression and 2 where the gate has nothing to read."""
+    from rich.markup import escape
+
+    from gpulab.report.compare import (
+        NOT_COMPARABLE,
+        compare_runs,
+        config_differences,
+        gate_refusal,
+        regressions,
+        run_summary,
+    )
     from gpulab.report.results import ResultsIndex
 
-    deltas = compare_runs(ResultsIndex(baseline), ResultsIndex(new), min_effect)
+    old, now = ResultsIndex(baseline[0]), ResultsIndex(new[0])
+    devices = {}
+    for target in sorted(set(old.targets) & set(now.targets)):
+        sides = run_summary(old, target, baseline[2]), run_summary(now, target, new[2])
+        for label, (_, name, _), side in zip(("baseline", "new"), (baseline, new), sides, strict=True):
+            console.print(f"{label:<8} {escape(name)}: {target} on {escape(side.device)}, commit {side.commit}, "
+                          f"config digest {side.digest}")
+        differ = config_differences(*sides)
+        console.print(f"{target}: configuration keys that differ: " + (", ".join(
+            escape(f"{r['key']} ({r['baseline']} → {r['this run']})") for r in differ.to_dict("records")) or "none"))
+        devices[target] = (sides[0].device, sides[1].device)
+    deltas = compare_runs(old, now, min_effect, across_devices)
     counts = deltas["verdict"].value_counts().to_dict() if not deltas.empty else {}
     console.print("cells: " + (", ".join(f"{n} {v}" for v, n in counts.items()) or "none measured in both runs"))
     bad = regressions(deltas) if not deltas.empty else deltas
     for row in bad.to_dict("records"):
-        keys = ", ".join(f"{k}={row[k]}" for k in ("op", "impl", "size", "dtype", "variant", "model", "engine")
-                         if k in row and row[k] == row[k])
         change = f"{row['change_pct']:+.1f}%" if row["change_pct"] == row["change_pct"] else ""
-        console.print(f"[red]{row['verdict']}[/] {row['target']} {row['artifact']} {escape(f'[{keys}]')} {change} "
-                      f"{escape(str(row.get('note') or ''))}")
+        console.print(f"[red]{row['verdict']}[/] {_cell(row)} {change} {escape(str(row.get('note') or ''))}")
+    apart = deltas[deltas["verdict"] == NOT_COMPARABLE].to_dict("records") if not deltas.empty else []
+    for row in apart[:NOT_COMPARABLE_SHOWN]:
+        console.print(f"[yellow]{NOT_COMPARABLE}[/] {_cell(row)} {escape(str(row['note']))}")
+    if len(apart) > NOT_COMPARABLE_SHOWN:
+        console.print(f"[yellow]{NOT_COMPARABLE}[/]: {len(apart) - NOT_COMPARABLE_SHOWN} more cells")
+    refusal = gate_refusal(deltas, devices, across_devices, (old.targets, now.targets))
+    if refusal and fail_on == "regression":
+        console.print(f"[red]gpulab compare: cannot gate (--fail-on regression): {escape(refusal)}[/]")
+        return REFUSED
+    if refusal:
+        console.print(f"[yellow]gpulab compare: {escape(refusal)}[/]")
     if fail_on == "regression" and not bad.empty:
         console.print(f"[red]gpulab compare: {len(bad)} regression(s) (--fail-on regression)[/]")
         return 1
@@ -203,7 +264,11 @@ def parser() -> argparse.ArgumentParser:
                          help="smallest change of a median, in percent, that is flagged (default: %(default)s); "
                               "calls near the launch floor and latency-bound cases need more (docs/guide/compare.md)")
     compare.add_argument("--fail-on", choices=["regression"],
-                         help="exit 1 when a cell is significantly slower or stopped being ok (for CI jobs)")
+                         help="exit 1 when a cell is significantly slower or stopped being ok (for CI jobs); exit 2 "
+                              "when no cell was judged or the devices differ")
+    compare.add_argument("--across-devices", action="store_true",
+                         help="judge the cells of a target whose device differs between the runs (otherwise they are "
+                              "not comparable)")
     compare.set_defaults(run=_compare)
 
     history = sub.add_parser("history", help="list the runs kept of each target (time, commit, config digest, steps)")
@@ -234,6 +299,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["gpulab", *(sys.argv[1:] if argv is None else argv)])
     try:
         return args.run(args, command)
+    except Refused as exc:
+        from rich.markup import escape
+
+        console.print(f"[red]gpulab {args.command}: {escape(str(exc))}[/]")
+        raise
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         return 2

@@ -7,6 +7,7 @@ add the columns of :class:`gpulab.core.timing.Timing`, so each says how it was m
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -21,6 +22,29 @@ from gpulab.core.timing import TIMING_COLUMNS
 STATUSES = ("ok", "skipped", "failed", "incorrect", "oom")
 # Columns that name a cell of a matrix, used to point at offending rows in messages.
 IDENTIFYING_COLUMNS = ("item", "tool", "op", "impl", "dtype", "size", "variant", "model", "engine")
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """What defines the work of one cell of a measured artifact, for matching it in two runs."""
+
+    names: tuple[str, ...]  # columns that name the cell: rows of two runs are paired on them
+    settings: tuple[str, ...] = ()  # columns that define its work besides: paired rows differing in one do other work
+
+
+# Per artifact (a glob relative to results/<target>/, the first match wins): its cells' keys.
+CELLS = {
+    "*/ceilings.csv": CellKey(("kind", "dtype", "size", "method")),
+    "bench/*.csv": CellKey(("op", "impl", "dtype", "size")),
+    "mlp/summary.csv": CellKey(("variant",), ("dim", "num_layers", "batch")),
+    "llm/*.csv": CellKey(("model", "engine", "test"), ("dtype", "n_prompt", "n_gen")),
+    "build/timing_pitfalls.csv": CellKey(("impl", "method", "dtype", "size")),
+}
+
+
+def cell_key(artifact: str) -> CellKey | None:
+    """The declared cell key of an artifact (``mlp/summary.csv``); None for one not declared."""
+    return next((key for pattern, key in CELLS.items() if fnmatch.fnmatchcase(artifact, pattern)), None)
 
 
 @dataclass(frozen=True)

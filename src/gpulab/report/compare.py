@@ -5,7 +5,9 @@ targets the question is "how many times faster is this machine". Across runs it 
 median time change": decided from the repetition times each row stores (``times_ms``) by a 95%
 bootstrap confidence interval of the ratio of medians (new / baseline) that must exclude 1 **and** a
 point estimate at least ``min_effect`` (default 3%) away from 1. Fewer than 5 repetitions on either side
-gives "no verdict", said so.
+gives "no verdict", said so. Rows are paired on the names of their artifact's cells and must agree on its settings
+(:data:`gpulab.core.tables.CELLS`: an MLP variant's dim, layers, batch) and on the device (:func:`device_fingerprint`):
+a pair that differs in one does other work and is "not comparable", never faster or slower.
 
 The bootstrap resamples whole blocks of repetitions (a cluster bootstrap), not single repetitions.
 Repetitions of one block share their conditions (the memory layout, what else the machine was doing),
@@ -35,6 +37,7 @@ not bandwidth, sets its time; the ceilings table's rows get theirs from the tabl
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +47,8 @@ import numpy as np
 import pandas as pd
 
 from gpulab.core.ceilings import with_regimes
+from gpulab.core.history import runs
+from gpulab.core.tables import cell_key
 from gpulab.core.timing import parse_blocks
 from gpulab.report.results import key_columns, number
 
@@ -60,10 +65,15 @@ WITHIN = "no significant change"
 NO_VERDICT = "no verdict"
 AMBIGUOUS = "ambiguous"
 STATUS_CHANGED = "status changed"
+NOT_COMPARABLE = "not comparable"
 ONLY_A = "only in baseline"
 ONLY_B = "only in this run"
-VERDICTS = (SLOWER, STATUS_CHANGED, FASTER, AMBIGUOUS, WITHIN, NO_VERDICT, ONLY_A, ONLY_B)
+VERDICTS = (SLOWER, STATUS_CHANGED, FASTER, NOT_COMPARABLE, AMBIGUOUS, WITHIN, NO_VERDICT, ONLY_A, ONLY_B)
 FLAGGED = (SLOWER, STATUS_CHANGED, FASTER)
+# Cells no gate can read: a run that judged none of its cells neither passes nor fails.
+UNJUDGED = (NOT_COMPARABLE, NO_VERDICT, ONLY_A, ONLY_B)
+# The setting compare adds to every row: the device it ran on, from the target's env.json.
+DEVICE_SETTING = "device"
 MIN_EFFECT = 0.03  # smallest change of the median worth flagging (fraction)
 MIN_REPS = 5  # fewer repetitions on either side: no verdict
 # Smallest change of a latency-bound case's median that is flagged: two H100s measuring one build differed by up to
@@ -334,11 +344,34 @@ def _own_verdict(a: Mapping[str, Any], b: Mapping[str, Any], min_effect: float, 
                    "; ".join(n for n in (verdict.note, note) if n), verdict.relative, verdict.reference)
 
 
-def _judge(row: Mapping[str, Any], min_effect: float, floor_ms: float) -> Verdict:
+def _same(a: Any, b: Any) -> bool:
+    """Two cells of a setting column agree: both empty, equal numbers (256 and 256.0), or equal text."""
+    x, y = number(a), number(b)
+    if not (math.isnan(x) and math.isnan(y)):
+        return x == y
+    return pd.isna(a) == pd.isna(b) and (pd.isna(a) or str(a) == str(b))
+
+
+def shown(value: Any) -> str:
+    """A cell as a reader writes it: 256 for 256.0, – for an empty one."""
+    x = number(value)
+    return "–" if pd.isna(value) else f"{x:.0f}" if math.isfinite(x) and x == int(x) else str(value)
+
+
+def setting_changes(row: Mapping[str, Any], settings: Sequence[str]) -> str:
+    """The settings a matched pair differs in, ``dim: 256 → 512``; '' where it agrees on all."""
+    return "; ".join(f"{s}: {shown(row[f'{s}_a'])} → {shown(row[f'{s}_b'])}" for s in settings
+                     if not _same(row[f"{s}_a"], row[f"{s}_b"]))
+
+
+def _judge(row: Mapping[str, Any], min_effect: float, floor_ms: float, settings: Sequence[str]) -> Verdict:
     if row["_merge"] == "left_only":
         return Verdict(ONLY_A, math.nan, math.nan, math.nan)
     if row["_merge"] == "right_only":
         return Verdict(ONLY_B, math.nan, math.nan, math.nan)
+    changed = setting_changes(row, settings)
+    if changed:
+        return Verdict(NOT_COMPARABLE, math.nan, math.nan, math.nan, changed)
     status_a, status_b = row.get("status_a"), row.get("status_b")
     if status_a != status_b:
         return Verdict(STATUS_CHANGED, math.nan, math.nan, math.nan, f"{status_a} → {status_b}")
@@ -349,8 +382,10 @@ def _judge(row: Mapping[str, Any], min_effect: float, floor_ms: float) -> Verdic
 
 
 def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = None,
-               min_effect: float = MIN_EFFECT, floor_ms: float = math.nan) -> pd.DataFrame:
-    """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) and judge each.
+               min_effect: float = MIN_EFFECT, floor_ms: float = math.nan,
+               settings: Sequence[str] = ()) -> pd.DataFrame:
+    """Match the cells of one artifact in a baseline run (``a``) and a new run (``b``) on ``keys`` and judge each;
+    a pair that differs in one of ``settings`` is not comparable, the note says how.
 
     Columns: the keys, ``verdict``, ``change_pct`` of the median time (positive: slower; per-token time
     for rows that only have tok/s), where some cell was timed beside a reference in both runs
@@ -364,13 +399,14 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     keys = [k for k in keys if k in a.columns and k in b.columns]
     if not keys:
         raise ValueError("cannot match rows of two runs without key columns")
-    keep = [c for c in (*RUN_COLUMNS, *PAIRING_COLUMNS, "tok_s") if c in a.columns or c in b.columns]
+    settings = [s for s in settings if s in a.columns and s in b.columns and s not in keys]
+    keep = [c for c in (*RUN_COLUMNS, *PAIRING_COLUMNS, "tok_s", *settings) if c in a.columns or c in b.columns]
     left = a.drop_duplicates(subset=keys)[[*keys, *[c for c in keep if c in a.columns]]]
     right = b.drop_duplicates(subset=keys)[[*keys, *[c for c in keep if c in b.columns]]]
     left = left.rename(columns={c: f"{c}_a" for c in keep if c in left.columns})
     right = right.rename(columns={c: f"{c}_b" for c in keep if c in right.columns})
     merged = left.merge(right, on=keys, how="outer", indicator=True)
-    judged = [_judge(row, min_effect, floor_ms) for row in merged.to_dict("records")]
+    judged = [_judge(row, min_effect, floor_ms, settings) for row in merged.to_dict("records")]
     merged = merged.drop(columns="_merge")
     merged["verdict"] = [v.verdict for v in judged]
     merged["change_pct"] = [100.0 * (v.ratio - 1.0) for v in judged]
@@ -380,7 +416,7 @@ def run_deltas(a: pd.DataFrame, b: pd.DataFrame, keys: Sequence[str] | None = No
     for column in paired:
         merged[column] = [100.0 * (getattr(v, PAIRED_CHANGES[column]) - 1.0) for v in judged]
     # What a reader looks for first (the verdict and the change) before the evidence, a run beside the other.
-    shown = [c for c in keep if c not in PAIRING_COLUMNS]
+    shown = [c for c in keep if c not in (*PAIRING_COLUMNS, *settings)]
     evidence = [f"{c}_{side}" for c in shown for side in ("a", "b") if f"{c}_{side}" in merged.columns]
     merged = merged[[*keys, "verdict", "change_pct", *paired, "ratio 95% CI", "note", *evidence]]
     order = {v: i for i, v in enumerate(VERDICTS)}
@@ -404,13 +440,31 @@ def launch_floor_ms(tables: Mapping[str, pd.DataFrame]) -> float:
     return float(times.min()) if times.notna().any() else math.nan
 
 
+def cell_columns(name: str, a: pd.DataFrame, b: pd.DataFrame) -> tuple[list[str] | None, list[str]]:
+    """The columns two runs' rows of an artifact are paired on and must agree on (:data:`gpulab.core.tables.CELLS`);
+    an artifact not declared is paired on :func:`key_columns` (None). Where the names do not make rows unique,
+    the settings join them."""
+    cell = cell_key(name)
+    names = [c for c in cell.names if c in a.columns and c in b.columns] if cell is not None else []
+    if cell is None or not names:
+        return None, []
+    if any(frame.duplicated(subset=names).any() for frame in (a, b)):
+        return [*names, *(c for c in cell.settings if c in a.columns and c in b.columns)], []
+    return names, list(cell.settings)
+
+
 def artifact_deltas(name: str, old: Mapping[str, pd.DataFrame], new: Mapping[str, pd.DataFrame],
-                    min_effect: float = MIN_EFFECT) -> pd.DataFrame:
+                    min_effect: float = MIN_EFFECT, devices: tuple[str, str] | None = None) -> pd.DataFrame:
     """One artifact of a target judged in two runs (``old``, ``new``: each run's tables of the target by name), each
-    case against the larger of the two runs' launch floors."""
+    case against the larger of the two runs' launch floors. ``devices`` (each run's :func:`device_fingerprint`):
+    where they differ every pair is not comparable; None judges across devices."""
     floors = [f for f in (launch_floor_ms(old), launch_floor_ms(new)) if f == f]
-    return run_deltas(_with_regime(name, old[name]), _with_regime(name, new[name]), min_effect=min_effect,
-                      floor_ms=max(floors, default=math.nan))
+    a, b = _with_regime(name, old[name]), _with_regime(name, new[name])
+    keys, settings = cell_columns(name, a, b)
+    if devices is not None:
+        a, b = a.assign(**{DEVICE_SETTING: devices[0]}), b.assign(**{DEVICE_SETTING: devices[1]})
+        settings = [*settings, DEVICE_SETTING]
+    return run_deltas(a, b, keys, min_effect=min_effect, floor_ms=max(floors, default=math.nan), settings=settings)
 
 
 def _with_regime(name: str, table: pd.DataFrame) -> pd.DataFrame:
@@ -419,17 +473,20 @@ def _with_regime(name: str, table: pd.DataFrame) -> pd.DataFrame:
     return with_regimes(table) if name == CEILINGS_TABLE else table
 
 
-def compare_runs(baseline: Any, new: Any, min_effect: float = MIN_EFFECT) -> pd.DataFrame:
-    """Every measured artifact of every target both runs have (two ``ResultsIndex``), judged cell by cell."""
+def compare_runs(baseline: Any, new: Any, min_effect: float = MIN_EFFECT, across_devices: bool = False) -> pd.DataFrame:
+    """Every measured artifact of every target both runs have (two ``ResultsIndex``), judged cell by cell; cells of
+    a target whose device differs are not comparable unless ``across_devices``."""
     from gpulab.report.results import is_measured
 
     frames = []
     for target in sorted(set(baseline.targets) & set(new.targets)):
         old, now = dict(baseline.artifacts(target)), dict(new.artifacts(target))
+        devices = None if across_devices else (device_fingerprint(baseline.env(target)),
+                                                device_fingerprint(new.env(target)))
         for name in sorted(set(old) & set(now)):
             if name.startswith("env/") or not (is_measured(old[name]) and is_measured(now[name])):
                 continue
-            deltas = artifact_deltas(name, old, now, min_effect)
+            deltas = artifact_deltas(name, old, now, min_effect, devices)
             frames.append(deltas.assign(artifact=name, target=target))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["target", "artifact", "verdict"])
 
@@ -463,3 +520,72 @@ def env_differences(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) ->
                          "this run": "–" if vb is None else str(vb)})
     return pd.DataFrame(rows, columns=["key", "baseline", "this run"])
 
+
+
+# ---------------------------------------------------------------------------------------------- what ran
+
+
+def device_fingerprint(env: Mapping[str, Any] | None) -> str:
+    """The device a target's rows ran on, as its env.json names it: kind, backend and architecture (a CPU: its
+    cores). Two devices of one kind share it; a run without a capture is "unknown"."""
+    device = (env or {}).get("device") or {}
+    if not device.get("name"):
+        return "unknown"
+    cores = f"{device['cpu_count']} cores" if device.get("backend") == "cpu" and device.get("cpu_count") else None
+    details = [str(d) for d in (device.get("backend"), device.get("arch"), cores) if d]
+    return f"{device['name']} ({', '.join(details)})" if details else str(device["name"])
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One side of a comparison, for one target: what ran where, and with which configuration."""
+
+    target: str
+    device: str
+    commit: str
+    digest: str  # of the effective configuration (gpulab.core.schema.config_hash), as the run's name records it
+    params: dict[str, str]  # every step's configuration as it ran (benchmark records), by dotted key
+
+
+def run_summary(index: Any, target: str, run: str | None = None) -> RunSummary:
+    """A target of a ``ResultsIndex``: the kept run ``run`` names (``<time>__<commit>__<digest>``), else the latest
+    run kept under the target, else its env.json's commit and no digest."""
+    env = index.env(target) or {}
+    if run is None:
+        kept = runs(index.root / target)
+        run = kept[-1].id if kept else None
+    parts = (run or "").split("__")
+    git = env.get("git") or {}
+    commit = parts[1] if len(parts) == 3 else (str(git.get("commit") or "–")[:7] + ("+dirty" if git.get("dirty")
+                                                                                   else ""))
+    params: dict[str, set[str]] = {}
+    for record in index.benchmarks(target):
+        for key, value in flatten(record.get("params") or {}).items():
+            params.setdefault(key, set()).add(json.dumps(value, sort_keys=True, default=str))
+    return RunSummary(target, device_fingerprint(env), commit, parts[2] if len(parts) == 3 else "–",
+                      {k: " | ".join(sorted(v)) for k, v in params.items()})
+
+
+def config_differences(a: RunSummary, b: RunSummary) -> pd.DataFrame:
+    """The configuration keys the two runs' steps ran with different values (``mlp.dim``: ``"auto"`` → ``512``)."""
+    rows = [{"key": key, "baseline": a.params.get(key, "–"), "this run": b.params.get(key, "–")}
+            for key in sorted(set(a.params) | set(b.params)) if a.params.get(key) != b.params.get(key)]
+    return pd.DataFrame(rows, columns=["key", "baseline", "this run"])
+
+
+def gate_refusal(deltas: pd.DataFrame, devices: Mapping[str, tuple[str, str]], across_devices: bool,
+                 targets: tuple[Sequence[str], Sequence[str]]) -> str | None:
+    """Why a regression gate cannot read this comparison (one line), or None: the devices of a target differ (and
+    the user did not ask to compare across devices), no target is in both runs, or no cell was judged."""
+    moved = {t: pair for t, pair in devices.items() if pair[0] != pair[1]}
+    if moved and not across_devices:
+        which = "; ".join(f"{t}: {a} → {b}" for t, (a, b) in moved.items())
+        return f"the devices differ ({which}), so no cell is comparable; give --across-devices to judge them anyway"
+    if not set(targets[0]) & set(targets[1]):
+        return (f"no target in both runs (baseline: {', '.join(targets[0]) or 'none'}; "
+                f"this run: {', '.join(targets[1]) or 'none'})")
+    counts = deltas["verdict"].value_counts() if not deltas.empty else pd.Series(dtype=int)
+    if counts.drop(list(UNJUDGED), errors="ignore").sum() == 0:
+        found = ", ".join(f"{counts[v]} {v}" for v in UNJUDGED if v in counts) or "no measured cell in common"
+        return f"no cell was judged in both runs ({found})"
+    return None
