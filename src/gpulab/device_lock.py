@@ -11,7 +11,8 @@ child process claims only when asked to (``--claim-device``, while its parent do
 Every claim appends one JSON line (pid, when the claim was granted, seconds waited) to the job's wait record
 (WAITS_VAR, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's child processes
 inherit the variable and append to the same record. The report reads these records (:func:`read_waits`,
-:func:`waited_s`) to tell a job's wait from its work.
+:func:`waited_s`) to tell a job's wait from its work. The claim also moves the job onto the run's measuring
+CPUs (:func:`gpulab.cores.enter_measuring`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from gpulab.cores import enter_measuring
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,7 @@ def claim_device(path: str | None = None) -> float | None:
     fcntl.flock(handle, fcntl.LOCK_EX)
     _CLAIM["file"] = handle
     waited = time.monotonic() - start
+    enter_measuring()  # the run's measuring CPUs (gpulab.cores): no other job's work shares them from here on
     log.info("device claimed after waiting %.2f s for the measurements of another job", waited)
     _record_wait(waited)
     return waited

@@ -1,3 +1,13 @@
+from gpulab.cores import plan as plan_measuring_cores
+
+# A job measuring on the device keeps CPUs of its own (gpulab.cores): only where jobs run beside each other on one
+# host with a GPU (DEVICE_LOCK, common.smk). The jobs of the run inherit the choice.
+if workflow.is_main_process:
+    plan_measuring_cores(
+        config["measure_cores"], enabled=DEVICE_LOCK and workflow.cores > 1
+    )
+
+
 rule env_capture:
     output:
         env=result("env/env.json"),
