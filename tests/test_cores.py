@@ -121,11 +121,13 @@ def test_a_job_waits_beside_and_measures_alone_on_the_real_cpus(monkeypatch, tmp
         claimed = [sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(thread.native_id))]
         stop.set()
         thread.join()
-        return {"started": started, "confined": confined, "claimed": claimed}
+        metered = sorted(cores._METER["meter"].cpus)
+        return {"started": started, "confined": confined, "claimed": claimed, "metered": metered}
 
     seen = in_child(body)
     beside = sorted(set(allowed) - measuring)
-    assert seen == {"started": beside, "confined": beside, "claimed": [sorted(measuring), sorted(measuring)]}
+    assert seen == {"started": beside, "confined": beside, "claimed": [sorted(measuring), sorted(measuring)],
+                    "metered": allowed}  # the host load counts every CPU of the run, not the job's own only
 
 
 STAT = """cpu  300 0 100 1600 20 0 0 0 0 0

@@ -135,9 +135,11 @@ def confine_job(environ: Mapping[str, str] | None = None) -> frozenset[int] | No
 
 
 def enter_measuring(environ: Mapping[str, str] | None = None) -> frozenset[int] | None:
-    """Move this process, which now holds the device, onto the measuring CPUs (None: the run names none)."""
+    """Move this process, which now holds the device, onto the measuring CPUs (None: the run names none); its
+    load meter starts again, over the run's CPUs (taken before the move narrows this process's own)."""
+    run_cpus = allowed_cpus() | measuring_cpus(environ)
     cpus = _move(environ, measures=True)
-    _METER["meter"] = LoadMeter()  # its measurement starts now
+    _METER["meter"] = LoadMeter(run_cpus)  # its measurement starts now
     return cpus
 
 
