@@ -7,6 +7,7 @@ import os
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 from gpulab import step as step_module
 from gpulab.paths import CACHE_ENV
@@ -67,3 +68,26 @@ def test_a_job_without_the_targets_environment_records_no_host_load(monkeypatch,
     job, main, out = measuring_job(tmp_path)
     step_module.run(job, main)
     assert pd.read_csv(out)["host_load"].isna().all()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
+def test_a_job_runs_beside_the_measuring_cpus_until_it_claims_the_device(monkeypatch, tmp_path, request):
+    from gpulab.cores import MEASURE_CORES_VAR, set_process_cpus
+    from gpulab.device_lock import claim_device
+
+    monkeypatch.setattr(step_module, "to_log", lambda path: None)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    cpus = sorted(os.sched_getaffinity(0))
+    request.addfinalizer(lambda: set_process_cpus(cpus))  # the runner's own process is kept off them too
+    os.environ[MEASURE_CORES_VAR] = str(cpus[-1])
+    job, write_table, out = measuring_job(tmp_path, env=str(tmp_path / "env.json"))
+
+    def main(step):
+        before = sorted(os.sched_getaffinity(0))
+        claim_device(str(tmp_path / "device.lock"))
+        (tmp_path / "seen.json").write_text(json.dumps([before, sorted(os.sched_getaffinity(0))]))
+        write_table(step)
+
+    step_module.run(job, main)
+    assert json.loads((tmp_path / "seen.json").read_text()) == [cpus[:-1], cpus[-1:]]
+    assert 0.0 <= pd.read_csv(out)["host_load"].iloc[0] <= 1.0
