@@ -163,7 +163,7 @@ def read_cpu_times(text: str | None = None) -> dict[int, tuple[int, int]]:
             return {}
     times = {}
     for line in text.splitlines():
-        name, *fields = line.split()
+        name, *fields = line.split() or [""]
         if name.startswith("cpu") and name[3:].isdigit():
             ticks = [int(f) for f in fields[:8]]
             total = sum(ticks)

@@ -11,8 +11,7 @@ child process claims only when asked to (``--claim-device``, while its parent do
 Every claim appends one JSON line (pid, when the claim was granted, seconds waited) to the job's wait record
 (WAITS_VAR, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's child processes
 inherit the variable and append to the same record. The report reads these records (:func:`read_waits`,
-:func:`waited_s`) to tell a job's wait from its work. The claim also moves the job onto the run's measuring
-CPUs (:func:`gpulab.cores.enter_measuring`).
+:func:`waited_s`) to tell a job's wait from its work.
 """
 
 from __future__ import annotations
@@ -75,9 +74,9 @@ def claim_armed() -> bool:
 
 
 def claim_device(path: str | None = None) -> float | None:
-    """Wait until no other job holds the device lock, then hold it until this process exits; returns the seconds
-    waited (recorded in the job's wait record), or None where there is no lock (cluster runs, CPU-only machines)
-    or this process holds it already."""
+    """Wait until no other job holds the device lock, then hold it until this process exits, on the run's measuring
+    CPUs (gpulab.cores); returns the seconds waited (recorded in the job's wait record), or None where there is no
+    lock (cluster runs, CPU-only machines) or this process holds it already."""
     path = path or os.environ.get(DEVICE_LOCK_VAR)
     if not path or _CLAIM["file"] is not None:
         return None
