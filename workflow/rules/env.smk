@@ -1,11 +1,13 @@
-from gpulab.cores import plan as plan_measuring_cores
+from gpulab.cores import confine_job, plan as plan_measuring_cores
 
 # A job measuring on the device keeps CPUs of its own (gpulab.cores): only where jobs run beside each other on one
-# host with a GPU (DEVICE_LOCK, common.smk). The jobs of the run inherit the choice.
+# host with a GPU (DEVICE_LOCK, common.smk). The jobs of the run inherit the choice, and start off those CPUs as
+# Snakemake itself stays off them.
 if workflow.is_main_process:
     plan_measuring_cores(
         config["measure_cores"], enabled=DEVICE_LOCK and workflow.cores > 1
     )
+    confine_job()
 
 
 rule env_capture:
