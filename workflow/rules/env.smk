@@ -1,3 +1,15 @@
+from gpulab.core.cores import confine_job, plan as plan_measuring_cores
+
+# A job measuring on the device keeps CPUs of its own (gpulab.core.cores): only where jobs run beside each other on one
+# host with a GPU (DEVICE_LOCK, common.smk). The jobs of the run inherit the choice, and start off those CPUs as
+# Snakemake itself stays off them.
+if workflow.is_main_process:
+    plan_measuring_cores(
+        config["measure_cores"], enabled=DEVICE_LOCK and workflow.cores > 1
+    )
+    confine_job()
+
+
 rule env_capture:
     output:
         env=result("env/env.json"),

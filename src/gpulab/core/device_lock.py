@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpulab.core.cores import enter_measuring
+
 log = logging.getLogger(__name__)
 
 DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
@@ -72,9 +74,9 @@ def claim_armed() -> bool:
 
 
 def claim_device(path: str | None = None) -> float | None:
-    """Wait until no other job holds the device lock, then hold it until this process exits; returns the seconds
-    waited (recorded in the job's wait record), or None where there is no lock (cluster runs, CPU-only machines)
-    or this process holds it already."""
+    """Wait until no other job holds the device lock, then hold it until this process exits, on the run's measuring
+    CPUs (gpulab.core.cores); returns the seconds waited (recorded in the job's wait record), or None where there is no
+    lock (cluster runs, CPU-only machines) or this process holds it already."""
     path = path or os.environ.get(DEVICE_LOCK_VAR)
     if not path or _CLAIM["file"] is not None:
         return None
@@ -83,6 +85,7 @@ def claim_device(path: str | None = None) -> float | None:
     fcntl.flock(handle, fcntl.LOCK_EX)
     _CLAIM["file"] = handle
     waited = time.monotonic() - start
+    enter_measuring()  # the run's measuring CPUs (gpulab.core.cores): no other job's work shares them from here on
     log.info("device claimed after waiting %.2f s for the measurements of another job", waited)
     _record_wait(waited)
     return waited

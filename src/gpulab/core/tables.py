@@ -83,10 +83,14 @@ TIMING_KINDS = {
 LATER_COLUMNS = (
     "stable", "times_ms", "reference_method", "reference_gbps", "reference_times_ms", "energy_j", "power_w",
     "energy_reason", "gb_per_j", "ceiling_spread", "ceiling_method", "above_ceiling", "tflop_per_j", "j_per_token",
-    "tok_per_j", "datasheet_gbps", "pct_of_datasheet",
+    "tok_per_j", "datasheet_gbps", "pct_of_datasheet", "host_load",
 )
 assert set(TIMING_KINDS) == set(TIMING_COLUMNS), "timing columns drifted from gpulab.core.timing.Timing"
-MEASURE_COLUMNS = tuple(Column(name, kind, "see gpulab.core.timing") for name, kind in TIMING_KINDS.items())
+MEASURE_COLUMNS = (
+    *(Column(name, kind, "see gpulab.core.timing") for name, kind in TIMING_KINDS.items()),
+    Column("host_load", "float", "share of the host's CPUs other processes kept busy while the job measured, "
+           "0-1 (gpulab.core.cores)"),
+)
 
 
 class SchemaError(ValueError):

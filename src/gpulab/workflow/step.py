@@ -1,9 +1,9 @@
-"""The one preamble of every Snakemake script: the job's log, its target's environment, its fingerprint.
+"""The one preamble of every Snakemake script: the job's log, its CPUs, its target's environment, its fingerprint.
 
 A script under ``workflow/scripts/`` is ``run(snakemake, main)``; ``main(step)`` does the step's work with
 the rule's inputs, outputs and params through :class:`Step`. Imports that start a GPU runtime (torch and
 everything built on it) belong inside ``main``: the target's variables (``HSA_OVERRIDE_GFX_VERSION``...) must
-be set before, and :func:`run` sets them first.
+be set before, and :func:`run` sets them first. The rows of a job that measures get its ``host_load``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gpulab.workflow.cluster import apply_target_env
+from gpulab.core.cores import confine_job, current_load, stamp_host_load, start_load_meter
 from gpulab.core.device import expect_device
 from gpulab.core.device_lock import arm_device_claim, start_waits_record
+from gpulab.workflow.failures import EXIT_RECORD
 from gpulab.core.logs import to_log
 from gpulab.core.paths import compiler_cache_env
-from gpulab.workflow.cluster import apply_target_env
-from gpulab.workflow.failures import EXIT_RECORD
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -60,7 +61,6 @@ class Step:
         print(table[[c for c in columns if c in table.columns]].to_string(index=False))
 
 
-
 def use_compiler_caches(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     """Point Triton and Inductor at the workflow's persistent caches (``.cache/triton``, ``.cache/inductor``).
 
@@ -90,6 +90,8 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
     """Log to the rule's log, point the compilers at the persistent caches, export the target's environment
     (jobs with a ``target`` wildcard), run ``main`` in a child process (:func:`run_watched`) and, when it
     succeeded, keep the job's tables and log in the target's history (gpulab.core.history)."""
+    # First, before any import starts threads: off the run's measuring CPUs until this job claims the device.
+    confine_job()
     to_log(snakemake.log[0])
     start_waits_record(snakemake.log[0])
     # when the job's script began, before PyTorch's import: the log's later lines show what startup cost
@@ -100,12 +102,15 @@ def run(snakemake: Any, main: Callable[[Step], None]) -> None:
         apply_target_env(snakemake.config, target)
 
     def body() -> None:
+        start_load_meter()
+        env_json = getattr(snakemake.input, "env", None)
         if holds_gpu(snakemake):
             arm_device_claim()
-            env_json = getattr(snakemake.input, "env", None)
             if env_json:
                 expect_device(env_json)
         main(Step(snakemake))
+        if env_json:  # a job on the target's machine (aggregates and the report keep their inputs' loads)
+            stamp_host_load(snakemake.output, current_load())
 
     code = run_watched(body)
     if code != 0:
