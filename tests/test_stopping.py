@@ -60,24 +60,29 @@ def test_a_noisy_timer_whose_noise_has_settled_stops_before_the_cap(clock):
     assert len(parse_blocks(noisy.times_ms)) == timing_module.NOISE_MIN_BLOCKS
 
 
-def test_a_drifting_timer_runs_to_its_cap(clock):
-    """A device whose spread keeps growing block after block never settles: all eight blocks are taken."""
+def drifting(clock, seconds: float, block: int):
+    """A closure whose spread widens every ``block`` calls, evenly spread within (a golden-ratio sequence)."""
     calls = itertools.count()
 
-    def drifting() -> None:
+    def call() -> None:
         n = next(calls)
-        spread = 0.02 * (1 + n // 25)  # wider each block; within it evenly spread (a golden-ratio sequence)
-        clock.advance(0.002 * (1 + spread * (2 * (n * 0.618034 % 1) - 1)))
-    capped = measure(drifting, SETTINGS, CPU)
+        clock.advance(seconds * (1 + 0.02 * (1 + n // block) * (2 * (n * 0.618034 % 1) - 1)))
+    return call
+
+
+def test_a_drifting_timer_runs_to_its_cap(clock):
+    """A device whose spread keeps growing block after block never settles: all eight blocks are taken."""
+    capped = measure(drifting(clock, 0.002, 25), SETTINGS, CPU)
     assert capped.stop_reason == "cap" and len(parse_blocks(capped.times_ms)) == SETTINGS.blocks
 
 
 def test_the_wall_time_and_repetition_caps_stop_a_noisy_timer(clock):
-    rng = np.random.default_rng(5)
-    slow = measure(timer(clock, lambda n: 0.05 * rng.lognormal(0, 0.3)),
-                   TimingSettings(min_time_s=8.0, min_reps=10, max_wall_s=1.0, flush_cache=False), CPU)
+    """Past the floor, a measurement stops once its own blocks took max_wall_s, or at max_reps."""
+    slow = measure(drifting(clock, 0.05, 2), TimingSettings(min_time_s=8.0, min_reps=10, max_wall_s=0.65,
+                                                             flush_cache=False), CPU)
     blocks = parse_blocks(slow.times_ms)
-    assert slow.stop_reason == "cap" and sum(map(sum, blocks[:-1])) < 1000.0 <= sum(map(sum, blocks))  # 1 s of calls
+    assert slow.stop_reason == "cap" and len(blocks) < 8 and sum(map(sum, blocks[:-1])) < 650 <= sum(map(sum, blocks))
+    rng = np.random.default_rng(5)
     few = measure(timer(clock, lambda n: 0.001 * rng.lognormal(0, 0.3)),
                   TimingSettings(min_time_s=1.0, min_reps=10, max_reps=12, flush_cache=False), CPU)
     assert few.stop_reason == "cap" and few.reps == 12

@@ -319,7 +319,7 @@ def judge(blocks: Sequence[Sequence[float]], target: float, *, min_reps: int, ma
 def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_s: float) -> list[int]:
     """The most blocks a measurement takes (``blocks``), each sized from the pilot block: ``min_time_s`` over
     ``blocks`` of measured time, within ``max_reps`` and ``max_wall_s`` over ``blocks``; at least ``min_reps`` over
-    MIN_BLOCKS repetitions, so the floor is reached in MIN_BLOCKS blocks."""
+    ``blocks`` repetitions, so the floor is reached within the blocks."""
     per_rep_ms = max(float(np.median(pilot_ms)), 1e-4)
     # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
     # the wall-time cap, not the measured time, then bounds the blocks.
@@ -327,7 +327,7 @@ def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_
     size = math.ceil(settings.min_time_s * 1e3 / settings.blocks / per_rep_ms)
     size = min(size, settings.max_reps // settings.blocks,
                math.floor(settings.max_wall_s / per_rep_wall / settings.blocks))
-    return [max(size, math.ceil(settings.min_reps / MIN_BLOCKS), 1)] * settings.blocks
+    return [max(size, math.ceil(settings.min_reps / settings.blocks), 1)] * settings.blocks
 
 
 def _split(total: int, blocks: int) -> list[int]:
