@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 import gpulab.bench.impls  # noqa: F401 - registers the implementations
+from gpulab import energy
 from gpulab.bench.correctness import (
     CheckResult,
     Prepared,
@@ -58,7 +59,6 @@ from gpulab.ceilings import (
 from gpulab.datasheet import pct_of_datasheet
 from gpulab.device import DeviceInfo, synchronize
 from gpulab.dtypes import ITEMSIZE, torch_dtype
-from gpulab import energy
 from gpulab.energy import ENERGY_SPAN_S, per_unit
 from gpulab.smi import gpu_state, state_text, throttled
 from gpulab.tables import Column, TableSchema
@@ -384,8 +384,8 @@ def _add_reference(pending: _Pending, settings: TimingSettings, info: DeviceInfo
 
 
 def _interleave(pending: Sequence[_Pending], span_s: float) -> list[tuple[_Pending, BaseException]]:
-    """Block 1 of every measurement, then block 2, ...; rounds are paced so that they span at least
-    ``span_s``; a measurement that raises leaves the rotation."""
+    """Block 1 of every measurement, then block 2, ...; rounds are paced so that all the planned ones would span at
+    least ``span_s``; a measurement leaves the rotation once its stopping rule says so, or when it raises."""
     failed: list[tuple[_Pending, BaseException]] = []
     active = list(pending)
     rounds = max((len(item.measurement.plan) for item in active if item.measurement), default=0)
