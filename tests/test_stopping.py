@@ -39,7 +39,7 @@ def test_the_median_interval_is_the_order_statistics_around_the_middle():
     x = np.arange(1.0, 21.0)  # n = 20: ranks 5 and 16 bound the 95% interval of the median (10.5)
     assert median_ci(x) == pytest.approx((16 - 5) / 2 / 10.5)
     assert median_ci(np.full(50, 2.0)) == 0.0
-    assert median_ci(np.arange(1.0, 10.0)) == pytest.approx((9 - 1) / 2 / 5)  # n < 10: the whole range
+    assert median_ci(np.arange(1.0, 10.0)) == pytest.approx((9 - 1) / 2 / 5)  # n <= 10: the whole range
     assert math.isnan(median_ci([1.0]))
 
 

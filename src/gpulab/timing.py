@@ -275,7 +275,7 @@ class _Layout:
 
 def median_ci(samples_ms: Sequence[float]) -> float:
     """The 95% half-width of the median over the median, distribution-free: half the distance between the order
-    statistics of ranks n/2 -/+ 1.96 sqrt(n)/2 (the whole range for n < 10); NaN for fewer than 2 samples."""
+    statistics of ranks n/2 -/+ 1.96 sqrt(n)/2 (the whole range for n <= 10); NaN for fewer than 2 samples."""
     x = np.sort(np.asarray(samples_ms, dtype=np.float64))
     n = x.size
     median = float(np.median(x)) if n else math.nan
