@@ -17,11 +17,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from fake_clock import install
 
 from gpulab.bench import impls
 from gpulab.bench.correctness import THRESHOLDS, tolerance_for
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Registry, Unavailable
-from gpulab.bench.runner import BENCH, aggregate, run_case, run_cell
+from gpulab.bench.runner import BENCH, ENERGY_AT_LARGEST, aggregate, run_case, run_cell
 from gpulab.bench.sizes import (
     ODD_ELEMENTS,
     ODD_ROWS,
@@ -1032,3 +1033,52 @@ def test_a_cell_compiles_ahead_on_a_gpu_only_and_a_failure_leaves_it_to_the_firs
 
     compile_ahead(replace(impl, ahead=broken), [(8,)], ["fp32"], gpu(80))
     assert "compiling ahead failed (RuntimeError: no ptxas)" in caplog.text
+
+
+def test_each_implementation_and_dtype_gets_its_energy_at_its_largest_size(monkeypatch):
+    """A counter moving at 50 W with a fake clock (each call of the implementation takes 2 ms of it): the largest
+    size of each dtype gets gb_per_j from an energy block spanning at least 1.5 s; the other sizes say where their
+    energy was measured, not that it is unknown."""
+    import gpulab.core.timing as timing_module
+    from gpulab.core import energy
+
+    clock = install(monkeypatch, timing_module, energy)
+
+    class AtPower:
+        reason, source = "", "steady"
+
+        def read(self) -> float:
+            return 50.0 * clock.now
+
+    spans: list[float] = []
+    real_block = energy.Meter.block
+
+    def block(meter, run):
+        start = clock.now
+        result = real_block(meter, run)
+        spans.append(clock.now - start)
+        return result
+
+    monkeypatch.setattr(energy, "counter", lambda backend: AtPower())
+    monkeypatch.setattr(energy.Meter, "block", block)
+    registry = Registry()
+
+    @registry.register("gelu", "paced")
+    def paced(case, inputs, out):
+        def run():
+            clock.advance(0.002)
+            return manual_gelu(inputs[0])
+        return run
+
+    rows = run_cell("gelu", "paced", shapes=[(64,), (4096,), (96,)], dtypes=["fp32", "bf16"], settings=FAST,
+                    ctx=ctx(), fingerprint="fp", registry=registry, progress=False)
+    by_case = {(r["size"], r["dtype"]): r for r in rows}
+    for dtype in ("fp32", "bf16"):
+        largest = by_case["4096", dtype]
+        assert largest["status"] == "ok" and largest["energy_reason"] == ""
+        assert largest["power_w"] == pytest.approx(50.0) and largest["energy_j"] == pytest.approx(0.1)
+        assert largest["gb_per_j"] == pytest.approx(largest["bytes_moved"] / 1e9 / 0.1)
+        for size in ("64", "96"):
+            other = by_case[size, dtype]
+            assert other["energy_reason"] == f"{ENERGY_AT_LARGEST} (4096)" and math.isnan(other["gb_per_j"])
+    assert sum(span >= energy.ENERGY_SPAN_S for span in spans) == 2  # one energy block per dtype

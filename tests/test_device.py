@@ -201,3 +201,30 @@ def test_a_job_refuses_to_measure_its_target_on_another_machine(tmp_path, monkey
     env_json.write_text(json.dumps({"device": {"name": "AMD EPYC 7B13", "backend": "cpu"}}))
     device.expect_device(env_json)
     assert device.probe() == here
+
+
+ROCM_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "rocm"
+
+
+def test_the_rocm_last_level_cache_is_the_measured_agents_largest_level(monkeypatch):
+    """On a host with two kinds of GPU agent (the recorded Radeon 8060S and MI300X blocks), the agent of the
+    measured architecture gives its largest cache: the Infinity Cache over the L2; where rocminfo says nothing, the
+    runtime's L2."""
+    import gpulab.core.device as device
+
+    both = (ROCM_FIXTURES / "rocminfo_gfx1151_agent.txt").read_text() + (
+        ROCM_FIXTURES / "rocminfo_mi300x_agent.txt").read_text()
+    assert device.rocm_llc_bytes(both, "gfx942") == 256 * 2**20
+    assert device.rocm_llc_bytes(both, "gfx1151") == 32 * 2**20
+    assert device.rocm_llc_bytes(both, "gfx90a") == 32 * 2**20  # not listed: the first GPU agent
+    no_gpu = (Path(__file__).resolve().parent / "fixtures" / "env" / "rocminfo_no_gpu.stdout").read_text()
+    assert device.rocm_llc_bytes(no_gpu) == 0
+    rocm = DeviceInfo(backend="rocm", torch_version="t", hip_version="7.0", cuda_version=None, gpu_available=True,
+                      arch="gfx942", l2_cache_bytes=4 * 2**20)
+    monkeypatch.setattr(device, "_rocminfo_text", lambda: both)
+    assert device.last_level_cache_bytes(rocm) == 256 * 2**20
+    monkeypatch.setattr(device, "_rocminfo_text", lambda: "")
+    assert device.last_level_cache_bytes(rocm) == 4 * 2**20
+    cuda = DeviceInfo(backend="cuda", torch_version="t", hip_version=None, cuda_version="13.0", gpu_available=True,
+                      l2_cache_bytes=60 * 2**20)
+    assert device.last_level_cache_bytes(cuda) == 60 * 2**20

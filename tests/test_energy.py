@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_clock import install
 
 from gpulab.core import energy
 from gpulab.core.datasheet import datasheet_gbps, pct_of_datasheet
@@ -191,32 +192,51 @@ def test_a_tool_that_is_not_installed_is_missing_with_the_reason():
     assert counter.read() is None and "not found on PATH" in counter.reason
 
 
-def test_measure_brackets_its_blocks_with_the_counter(monkeypatch):
+@pytest.fixture
+def clock(monkeypatch):
+    """One fake clock for the timer, the counter's spans and the counter itself (AtPower reads it)."""
+    from gpulab.core import timing
+
+    fake = install(monkeypatch, timing, energy)
+    monkeypatch.setattr(sys.modules[__name__], "time", fake.module())
+    return fake
+
+
+def takes(clock, seconds: float, calls: list[int] | None = None):
+    """A closure whose every call takes ``seconds`` of the fake clock."""
+    def call() -> None:
+        if calls is not None:
+            calls.append(1)
+        clock.advance(seconds)
+    return call
+
+
+def test_measure_brackets_its_blocks_with_the_counter(monkeypatch, clock):
     """Every measured row carries the energy of one call: a counter moving at 50 W gives positive joules and a mean
-    power of about 50 W over the call's own time."""
+    power of 50 W over the call's own time, once the timed blocks span the counter's update interval (a fixed count
+    of 250 calls of 5 ms: 1.25 s)."""
     monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
-    timing = measure(lambda: time.sleep(0.005), TimingSettings(min_time_s=energy.MIN_SPAN_S, max_wall_s=3.0,
-                                                               flush_cache=False))
-    assert timing.energy_reason == "" and timing.energy_j > 0
-    # About 50 W: the wall time between calls counts too, and the untimed pilot block's calls are among the calls.
-    assert 35.0 <= timing.power_w < 100.0
+    timing = measure(takes(clock, 0.005), TimingSettings(min_reps=250, max_reps=250, flush_cache=False))
+    assert timing.energy_reason == "" and timing.energy_j == pytest.approx(0.25)
+    assert timing.power_w == pytest.approx(50.0)
 
 
-def test_the_flush_energy_is_measured_once_per_size(monkeypatch):
+def test_the_flush_energy_is_measured_once_per_size(monkeypatch, clock):
     monkeypatch.setattr(energy, "_FLUSH_JOULES", {})
     calls = []
-    first = energy.flush_joules(AtPower(50.0), ("cpu", 1), lambda: (calls.append(1), time.sleep(0.01)), lambda: None)
+    first = energy.flush_joules(AtPower(50.0), ("cpu", 1), lambda: (calls.append(1), clock.advance(0.01)),
+                                lambda: None)
     again = energy.flush_joules(AtPower(50.0), ("cpu", 1), lambda: calls.append(1), lambda: None)
-    assert first == again and 0.5 <= first / 0.01 / 50.0 < 2 and len(calls) >= 10
+    assert first == again and first == pytest.approx(0.5) and len(calls) >= energy.FLUSH_ENERGY_S / 0.01 - 1e-6
 
 
-def test_measure_with_a_frozen_counter_says_so(monkeypatch):
+def test_measure_with_a_frozen_counter_says_so(monkeypatch, clock):
     monkeypatch.setattr(energy, "counter", lambda backend: Scripted(12.0))
-    timing = measure(lambda: time.sleep(0.01), TimingSettings(min_time_s=0.6, max_wall_s=1.0, flush_cache=False))
+    timing = measure(takes(clock, 0.01), TimingSettings(min_reps=60, max_reps=60, flush_cache=False))
     assert math.isnan(timing.energy_j) and "(frozen)" in timing.energy_reason
 
 
-def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypatch):
+def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypatch, clock):
     """Blocks planned to span under half the counter's update interval would give an unknown anyway: the counter
     is read around the pilot block and the first block only, and the reason says it was not read."""
     reads = []
@@ -227,28 +247,26 @@ def test_a_measurement_too_short_for_a_figure_does_not_read_the_counter(monkeypa
             return super().read()
 
     monkeypatch.setattr(energy, "counter", lambda backend: Counting(50.0))
-    timing = measure(lambda: time.sleep(0.001), TimingSettings(min_time_s=0.05, max_wall_s=1.0, flush_cache=False))
+    timing = measure(takes(clock, 0.001), TimingSettings(min_time_s=0.05, max_wall_s=1.0, flush_cache=False))
     assert math.isnan(timing.energy_j) and timing.energy_reason.endswith("so it was not read")
     assert len(reads) == 4  # around the pilot block and the first planned block
 
 
-def test_a_measurement_too_short_for_the_counter_reads_it_over_a_block_of_further_calls(monkeypatch):
-    """The MLP's and the LLM's measurements ask for energy_span_s: where their timed blocks span under the counter's
-    interval (the LLM's 3 prefills of a few milliseconds), a block of further calls spanning energy_span_s follows
-    and gives the energy, while the timing keeps its own repetitions; without a counter nothing follows."""
-    calls = []
-
-    def call() -> None:
-        calls.append(1)
-        time.sleep(0.005)
-
+def test_a_measurement_too_short_for_the_counter_reads_it_over_a_block_of_further_calls(monkeypatch, clock):
+    """The MLP's, the LLM's and each benchmarked implementation's largest case ask for energy_span_s: where their
+    timed blocks span less (the LLM's 3 prefills of a few milliseconds), a block of further calls spanning
+    energy_span_s follows and gives the energy, while the timing keeps its own repetitions; without a counter
+    nothing follows."""
+    calls: list[int] = []
+    call = takes(clock, 0.005, calls)
     monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
     fixed = TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False,
                            energy_span_s=energy.ENERGY_SPAN_S)
     timing = measure(call, fixed)
-    assert timing.reps == 3 and timing.energy_reason == "" and timing.energy_j > 0
-    assert len(calls) >= energy.ENERGY_SPAN_S / 0.01  # the energy block's calls
-    assert timing.power_w == pytest.approx(50.0, rel=0.1)  # the block's mean power: its joules over its wall time
+    assert timing.reps == 3 and timing.energy_reason == "" and timing.energy_j == pytest.approx(0.25)
+    energy_calls = len(calls) - 1 - 3  # after the warm-up and the timed calls: the energy block's, 1.5 s of them
+    assert energy.ENERGY_SPAN_S / 0.005 <= energy_calls <= energy.ENERGY_SPAN_S / 0.005 + 1
+    assert timing.power_w == pytest.approx(50.0)  # the block's mean power: its joules over its wall time
     without = measure(call, TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False))
     assert without.reps == 3 and math.isnan(without.energy_j)
     calls.clear()
@@ -257,7 +275,19 @@ def test_a_measurement_too_short_for_the_counter_reads_it_over_a_block_of_furthe
     assert timing.reps == 3 and len(calls) < 10 and timing.energy_reason == "unknown: no counter here"
 
 
-def test_the_measurement_after_an_energy_block_waits_for_the_device_to_settle(monkeypatch):
+def test_an_energy_block_is_repeated_until_it_spans_its_time(monkeypatch, clock):
+    """Where MAX_ENERGY_CALLS calls span less than energy_span_s, the energy block is repeated, the counter read
+    around each, until together they span it."""
+    from gpulab.core import timing
+
+    monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
+    monkeypatch.setattr(timing, "MAX_ENERGY_CALLS", 100)
+    result = measure(takes(clock, 0.005), TimingSettings(min_reps=3, max_reps=3, flush_cache=False,
+                                                         energy_span_s=energy.ENERGY_SPAN_S))
+    assert result.energy_reason == "" and result.power_w == pytest.approx(50.0)
+
+
+def test_the_measurement_after_an_energy_block_waits_for_the_device_to_settle(monkeypatch, clock):
     """An energy block runs the device flat out; its power limiter slows the calls right after it. The next
     measurement's first call comes SETTLE_AFTER_ENERGY_BLOCK_S after the block's end; without a block before it, a
     measurement starts at once."""
@@ -266,8 +296,8 @@ def test_the_measurement_after_an_energy_block_waits_for_the_device_to_settle(mo
     starts: list[float] = []
 
     def call() -> None:
-        starts.append(time.monotonic())
-        time.sleep(0.005)
+        starts.append(clock.now)
+        clock.advance(0.005)
 
     monkeypatch.setattr(energy, "counter", lambda backend: AtPower(50.0))
     fixed = TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False,
@@ -277,10 +307,10 @@ def test_the_measurement_after_an_energy_block_waits_for_the_device_to_settle(mo
     starts.clear()
     measure(call, TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False))
     assert starts[0] - block_end >= timing.SETTLE_AFTER_ENERGY_BLOCK_S
-    begun = time.monotonic()
+    begun = clock.now
     starts.clear()
     measure(call, TimingSettings(min_time_s=1e-9, min_reps=3, max_reps=3, warmup_reps=1, flush_cache=False))
-    assert starts[0] - begun < timing.SETTLE_AFTER_ENERGY_BLOCK_S / 2
+    assert starts[0] == begun
 
 
 def test_measure_on_a_cpu_carries_the_columns_as_unknown():

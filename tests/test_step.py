@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from gpulab.workflow import step as step_module
 from gpulab.core.paths import CACHE_ENV
+from gpulab.workflow import step as step_module
 
 
 def test_every_step_compiles_into_the_workflow_cache(monkeypatch, tmp_path):

@@ -4,13 +4,16 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from fake_clock import install
 
 from gpulab.core.device import DeviceInfo
 from gpulab.core.smi import gpu_state, parse_nvidia_state, parse_rocm_state, throttled
 from gpulab.core.tables import Column, SchemaError, TableSchema, write_atomic
 from gpulab.core.timing import (
+    CPU_FLUSH_BYTES,
     TIMING_COLUMNS,
     Measurement,
     TimingSettings,
@@ -87,19 +90,19 @@ def _gpu_closure(calls: list) -> object:
     return run
 
 
-def test_measure_reports_first_call_separately():
-    import time
+def test_measure_reports_first_call_separately(monkeypatch):
+    import gpulab.core.timing as timing_module
 
+    clock = install(monkeypatch, timing_module)
     state = {"first": True}
 
     def slow_first():
-        if state["first"]:
-            state["first"] = False
-            time.sleep(0.05)
+        clock.advance(0.05 if state["first"] else 0.001)
+        state["first"] = False
 
     timing = measure(slow_first, TimingSettings(min_time_s=0.001, min_reps=5, flush_cache=False))
-    assert timing.first_call_ms >= 50
-    assert timing.median_ms < 5
+    assert timing.first_call_ms == pytest.approx(50)
+    assert timing.median_ms == pytest.approx(1)
 
 
 def test_measure_rotates_inputs():
@@ -147,14 +150,16 @@ def test_write_atomic_leaves_nothing_on_failure(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
 
 
-def test_measure_caps_wall_time_once_min_reps_are_done():
-    import time
+def test_measure_caps_wall_time_once_min_reps_are_done(monkeypatch):
+    import gpulab.core.timing as timing_module
 
+    clock = install(monkeypatch, timing_module)
+    rng = np.random.default_rng(1)
     settings = TimingSettings(min_time_s=10.0, min_reps=5, max_reps=1000, max_wall_s=0.05, flush_cache=False)
-    start = time.perf_counter()
-    timing = measure(lambda: time.sleep(0.002), settings)
-    assert timing.reps >= 5
-    assert time.perf_counter() - start < 1.0
+    start = clock.now
+    timing = measure(lambda: clock.advance(0.002 * rng.lognormal(0, 0.2)), settings)
+    assert timing.reps >= 5 and timing.stop_reason in ("cap", "precision")
+    assert clock.now - start < 0.2  # the warm-up, the pilot and the blocks up to the 0.05 s cap
 
 
 # ------------------------------------------------------------------------------ stability and machine state
@@ -285,13 +290,70 @@ def test_auto_minimum_time_is_shorter_on_a_gpu_whose_repetitions_agree():
     assert TimingSettings(min_time_s=0.5).for_device(gpu).min_time_s == 0.5  # a configured value is kept
 
 
-@pytest.mark.parametrize(("backend", "l2", "memory", "mib"), [
-    ("cuda", 50 * 2**20, 80 * 2**30, 512),  # an H100: not four times its L2, which shortens the host's head start
-    ("rocm", 4 * 2**20, 192 * 2**30, 512),  # MI300X: more than its Infinity Cache, which is not the reported L2
-    ("cuda", 50 * 2**20, 2 * 2**30, 128),  # a small board: a sixteenth of its memory at most
+ROCM_FIXTURES = Path(__file__).parent / "fixtures" / "rocm"
+MIB = 2**20
+
+
+@pytest.mark.parametrize(("backend", "l2", "memory", "rocminfo", "mib"), [
+    ("cuda", 50 * MIB, 80 * 2**30, None, 100),  # an H100: torch reports its 50 MiB L2
+    ("cuda", 60 * MIB, 141 * 2**30, None, 120),  # an H200: 60 MiB of L2
+    ("rocm", 4 * MIB, 192 * 2**30, "rocminfo_mi300x_agent.txt", 512),  # MI300X: its 256 MiB Infinity Cache counts
+    ("rocm", 2 * MIB, 64 * 2**30, "rocminfo_gfx1151_agent.txt", 64),  # Radeon 8060S: 32 MiB of L3 over 2 MiB of L2
+    ("cuda", 50 * MIB, 1 * 2**30, None, 64),  # a small board: a sixteenth of its memory at most
+    ("cuda", 0, 80 * 2**30, None, 512),  # no cache size reported: more than any GPU's
 ])
-def test_the_gpu_flush_reads_more_than_the_last_level_cache(backend, l2, memory, mib):
+def test_the_flush_reads_twice_the_last_level_cache_the_device_reports(monkeypatch, backend, l2, memory, rocminfo,
+                                                                        mib):
+    import gpulab.core.device as device
+
+    text = (ROCM_FIXTURES / rocminfo).read_text() if rocminfo else ""
+    monkeypatch.setattr(device, "_rocminfo_text", lambda: text)
     info = DeviceInfo(backend=backend, torch_version="t", hip_version="7.0" if backend == "rocm" else None,
                       cuda_version="13.0" if backend == "cuda" else None, gpu_available=True,
+                      arch="gfx942" if rocminfo and "mi300x" in rocminfo else "gfx1151" if rocminfo else "sm_90",
                       l2_cache_bytes=l2, total_memory_bytes=memory)
-    assert flush_bytes(info) == mib * 2**20
+    assert flush_bytes(info) == mib * MIB
+    cache = device.last_level_cache_bytes(info)
+    if cache:  # a case whose own tensors exceed four times the cache is not flushed
+        assert flush_bytes(info, footprint_bytes=4 * cache) > 0 and flush_bytes(info, 4 * cache + 1) == 0
+
+
+def _sysfs(root: Path, levels: list[tuple[int, str, str]]) -> Path:
+    for i, (level, kind, size) in enumerate(levels):
+        index = root / f"index{i}"
+        index.mkdir(parents=True)
+        (index / "level").write_text(f"{level}\n")
+        (index / "type").write_text(f"{kind}\n")
+        (index / "size").write_text(f"{size}\n")
+    return root
+
+
+def test_a_cpu_flush_is_twice_its_highest_cache_level(tmp_path, monkeypatch):
+    """The sysfs cache entries of CPU 0 as this 2-core build machine (an AMD EPYC VM) lists them: L1d 48K, L1i 32K,
+    L2 1024K, L3 32768K; and a CPU whose last level is its L2."""
+    import gpulab.core.device as device
+
+    epyc = _sysfs(tmp_path / "epyc", [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                      (3, "Unified", "32768K")])
+    assert device.cpu_llc_bytes(epyc) == 32 * MIB
+    assert device.cpu_llc_bytes(_sysfs(tmp_path / "l2", [(1, "Data", "32K"), (2, "Unified", "2048K")])) == 2 * MIB
+    assert device.cpu_llc_bytes(tmp_path / "absent") == 0
+    cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
+    monkeypatch.setattr(device, "cpu_llc_bytes", lambda: 32 * MIB)
+    assert flush_bytes(cpu) == 64 * MIB
+    monkeypatch.setattr(device, "cpu_llc_bytes", lambda: 0)
+    assert flush_bytes(cpu) == CPU_FLUSH_BYTES
+
+
+def test_each_row_records_its_flush(monkeypatch):
+    """A small case reads the flush before each repetition and says how much; one whose own tensors exceed four
+    times the cache reads none."""
+    import gpulab.core.device as device
+
+    monkeypatch.setattr(device, "cpu_llc_bytes", lambda: MIB)
+    cpu = DeviceInfo(backend="cpu", torch_version="t", hip_version=None, cuda_version=None, gpu_available=False)
+    settings = TimingSettings(min_time_s=0.001, min_reps=4, max_reps=4, warmup_reps=1)
+    small = measure(lambda: None, settings, cpu, footprint_bytes=MIB)
+    large = measure(lambda: None, settings, cpu, footprint_bytes=5 * MIB)
+    assert (small.flush_bytes, small.cache_policy) == (2 * MIB, "flush")
+    assert (large.flush_bytes, large.cache_policy) == (0, "none")

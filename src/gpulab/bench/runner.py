@@ -41,6 +41,7 @@ from gpulab.bench.correctness import (
     tolerance_for,
 )
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Impl, Registry
+from gpulab.core import energy
 from gpulab.core.ceilings import (
     BESIDE_THE_CASE,
     MISS,
@@ -57,7 +58,7 @@ from gpulab.core.ceilings import (
 from gpulab.core.datasheet import pct_of_datasheet
 from gpulab.core.device import DeviceInfo, synchronize
 from gpulab.core.dtypes import ITEMSIZE, torch_dtype
-from gpulab.core.energy import per_unit
+from gpulab.core.energy import ENERGY_SPAN_S, per_unit
 from gpulab.core.ops import Shape, op_spec
 from gpulab.core.smi import gpu_state, state_text, throttled
 from gpulab.core.tables import Column, TableSchema
@@ -81,6 +82,9 @@ CPU_INTERLEAVE_BYTES = 2 * 2**30
 # distribution, so it gets a quarter of the case's time, and enough repetitions that each block has a median.
 REFERENCE_SHARE = 0.25
 REFERENCE_REPS_PER_BLOCK = 3
+# What the energy columns of an (op, implementation, dtype)'s other sizes say: its energy is measured once, at its
+# largest size, over a block spanning ENERGY_SPAN_S (a bench case's timed blocks span a fraction of a second).
+ENERGY_AT_LARGEST = "energy measured at the largest size"
 
 BENCH = TableSchema(
     "bench",
@@ -130,8 +134,9 @@ BENCH = TableSchema(
                "(gpulab.core.datasheet); empty where "
                "the device is not listed"),
         Column("pct_of_datasheet", "float", "gbps as a percentage of datasheet_gbps"),
-        Column("gb_per_j", "float", "bytes_moved per joule of device energy (GB/J): energy_j of one call; empty "
-               "where the energy is unknown (energy_reason says why)"),
+        Column("gb_per_j", "float", "bytes_moved per joule of device energy (GB/J): energy_j of one call, measured at "
+               "the (op, implementation, dtype)'s largest size over a block of at least 1.5 s; empty at its other "
+               "sizes (energy_reason: energy measured at the largest size) and where unknown (energy_reason says why)"),
         Column("method", "str", "how the time was taken: timer, cache policy, reps"),
         Column("reference_method", "str", "the pattern's reference method timed beside the case, a block of it "
                "after each of the case's (timing.reference; empty where off): memcpy | torch.add"),
@@ -300,21 +305,39 @@ def _with_figures(case: Case, row: dict[str, Any], ceiling: Hit) -> dict[str, An
     }
 
 
+def energy_notes(cases: Sequence[Case]) -> dict[int, str]:
+    """Per case index, what its energy columns say where the case is not its (op, implementation, dtype)'s largest
+    size (ENERGY_AT_LARGEST and that size); the largest case of each dtype is absent: its energy is measured."""
+    largest: dict[str, int] = {}
+    for i, case in enumerate(cases):
+        best = largest.get(case.dtype)
+        if best is None or op_spec(case.op).numel(case.shape) > op_spec(cases[best].op).numel(cases[best].shape):
+            largest[case.dtype] = i
+    return {i: f"{ENERGY_AT_LARGEST} ({cases[largest[case.dtype]].label})" for i, case in enumerate(cases)
+            if i != largest[case.dtype]}
+
+
 def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, settings: TimingSettings,
                 registry: Registry, tolerances: Mapping[str, float] | None,
-                span_s: float = 0.0) -> dict[int, dict[str, Any]]:
+                span_s: float = 0.0, notes: Mapping[int, str] | None = None) -> dict[int, dict[str, Any]]:
     """Gate every case of the group, then time the passing ones together, a block of each in turn over at
-    least ``span_s`` (see run_cell); returns each case's row (without figures) by its index in the cell."""
+    least ``span_s`` (see run_cell), then the energy blocks of the cases without a note (``notes``: what the
+    energy columns of the others say); returns each case's row (without figures) by its index in the cell."""
     rows: dict[int, dict[str, Any]] = {}
     pending: list[_Pending] = []
+    notes = notes or {}
     flusher = CacheFlusher(ctx.info, settings.for_device(ctx.info).flush_cache)
     for index, case, seed in cases:
         tolerance = tolerance_for(case.dtype, tolerances)
         try:
             rows[index], checked = _gate(index, case, ctx, settings, registry, tolerance, seed)
             if checked is not None:
-                checked.measurement = Measurement([p.closure for p in checked.sets], settings, ctx.info, flusher,
-                                                  interleaved=True)
+                note = notes.get(index, "")
+                timed = settings if note else replace(settings, energy_span_s=ENERGY_SPAN_S)
+                checked.measurement = Measurement(
+                    [p.closure for p in checked.sets], timed, ctx.info, flusher, interleaved=True,
+                    footprint_bytes=_set_bytes(case) + _tensor_bytes(case),
+                    energy_note=note)
                 if settings.for_device(ctx.info).reference:
                     _add_reference(checked, settings, ctx.info, flusher)
                 pending.append(checked)
@@ -326,6 +349,13 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
         rows[item.index] = _failure(item.case, exc, item.gate.tolerance)
         pending.remove(item)
     after = gpu_state(ctx.info.backend)
+    for item in list(pending):  # after every case's blocks: an energy block's load would slow the blocks after it
+        try:
+            assert item.measurement is not None
+            item.measurement.sustain_energy()
+        except Exception as exc:
+            rows[item.index] = _failure(item.case, exc, item.gate.tolerance)
+            pending.remove(item)
     state = {"gpu_before": state_text(before), "gpu_after": state_text(after), "throttled": throttled(before, after)}
     for timed in pending:
         try:
@@ -348,14 +378,16 @@ def _add_reference(pending: _Pending, settings: TimingSettings, info: DeviceInfo
     name, closures = reference_closures(op_spec(pending.case.op).pattern, pending.case.dtype,
                                         _tensor_bytes(pending.case), settings, info)
     pending.reference_method = name
-    pending.reference = Measurement(closures, reference_settings(settings, info), info, flusher, interleaved=True)
+    pending.reference = Measurement(closures, reference_settings(settings, info), info, flusher, interleaved=True,
+                                    footprint_bytes=_set_bytes(pending.case) + _tensor_bytes(pending.case),
+                                    energy_note="not read: a reference timed beside the case")
     assert pending.measurement is not None
     pending.reference.pair_with(pending.measurement)
 
 
 def _interleave(pending: Sequence[_Pending], span_s: float) -> list[tuple[_Pending, BaseException]]:
-    """Block 1 of every measurement, then block 2, ...; rounds are paced so that they span at least
-    ``span_s``; a measurement that raises leaves the rotation."""
+    """Block 1 of every measurement, then block 2, ...; rounds are paced so that all the planned ones would span at
+    least ``span_s``; a measurement leaves the rotation once its stopping rule says so, or when it raises."""
     failed: list[tuple[_Pending, BaseException]] = []
     active = list(pending)
     rounds = max((len(item.measurement.plan) for item in active if item.measurement), default=0)
@@ -448,11 +480,14 @@ def run_cell(
         rows = {i: {"status": unavailable.status, "reason": unavailable.reason,
                     "tolerance": tolerance_for(case.dtype, tolerances)} for i, case in enumerate(cases)}
     numbered = [(i, case, 1000 * i + 17) for i, case in enumerate(cases) if i not in rows]
+    # one energy block per dtype, at its largest size, where the device has a counter (else every row says why not)
+    counter = energy.counter(ctx.info.backend if ctx.info.gpu_available else "cpu")
+    notes = energy_notes(cases) if not counter.reason else {}
     for group in tqdm(_groups(numbered, settings, ctx.info), desc=f"{op}/{impl_name}", disable=not progress,
                       mininterval=5):
         try:
             rows.update(_time_group(group, ctx, settings, registry, tolerances,
-                                    span_s=float(settings.for_device(ctx.info).min_span_s)))
+                                    span_s=float(settings.for_device(ctx.info).min_span_s), notes=notes))
         finally:
             _free_memory(ctx.info.torch_device)
     return [_cell_row(case, rows[i], ctx, fingerprint, ceilings) for i, case in enumerate(cases)]

@@ -251,9 +251,10 @@ def with_state(info: DeviceInfo, run: Callable[[], list[dict[str, Any]]]) -> lis
     return [{**row, **state} if row["status"] != "skipped" else row for row in rows]
 
 
-def timed_row(closures: Sequence[Closure], timing: TimingSettings, info: DeviceInfo) -> dict[str, Any]:
-    """Timing columns of one method."""
-    return {"status": "ok", "reason": "", **measure(list(closures), timing, info).as_row()}
+def timed_row(closures: Sequence[Closure], timing: TimingSettings, info: DeviceInfo,
+              footprint_bytes: int = 0) -> dict[str, Any]:
+    """Timing columns of one method; its own tensors (``footprint_bytes``) size the flush (timing.flush_bytes)."""
+    return {"status": "ok", "reason": "", **measure(list(closures), timing, info, footprint_bytes).as_row()}
 
 
 def pattern_sets(pattern: str, dtype: str, tensor_bytes: int, timing: TimingSettings,
@@ -289,7 +290,8 @@ def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mappin
 
     def timed(name: str, builder: Builder, settings: TimingSettings) -> dict[str, Any]:
         try:
-            row = timed_row([builder(ins, out) for ins, out in sets], settings, info)
+            row = timed_row([builder(ins, out) for ins, out in sets], settings, info,
+                            (PATTERN_INPUTS[pattern] + 1) * tensor_bytes)
         except Exception as exc:  # one method failing (e.g. a Triton config that does not compile) is recorded
             log.warning("%s %s %s %s: %s", pattern, dtype, tensor_bytes, name, exc)
             row = {"status": "oom" if "out of memory" in str(exc).lower() else "failed",
@@ -387,7 +389,8 @@ def measure_matmul(modes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSe
             previous = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
             try:
-                row = with_state(info, lambda a=a, b=b: [timed_row([lambda: a @ b], timing, info)])[0]
+                footprint = (m * k + k * n + m * n) * a.element_size()
+                row = with_state(info, lambda a=a, b=b, f=footprint: [timed_row([lambda: a @ b], timing, info, f)])[0]
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = previous
             rows.append({"kind": "matmul", "dtype": mode, "size": f"{m}x{n}x{k}", "method": "torch.matmul", **row,

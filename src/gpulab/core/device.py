@@ -146,6 +146,54 @@ def _detect_uncached() -> DeviceInfo:
     )
 
 
+def last_level_cache_bytes(info: DeviceInfo) -> int:
+    """The largest cache between the device and its memory, in bytes (0 where unknown): a CUDA GPU's L2 as the
+    runtime reports it; on ROCm the larger of the L2 and the Infinity Cache (MALL, rocminfo's L3: MI300X's 256 MiB
+    dwarfs its 4 MiB L2); a CPU's highest cache level (sysfs)."""
+    if info.backend == "cuda":
+        return info.l2_cache_bytes
+    if info.backend == "rocm":
+        return max(info.l2_cache_bytes, rocm_llc_bytes(_rocminfo_text(), info.arch))
+    return cpu_llc_bytes()
+
+
+def rocm_llc_bytes(rocminfo: str, arch: str | None = None) -> int:
+    """The largest cache level of the GPU agent named ``arch`` (else the first GPU agent) in ``rocminfo``'s output."""
+    from gpulab.core.smi import parse_rocminfo_caches
+
+    agents = parse_rocminfo_caches(rocminfo)
+    agent = next((a for a in agents if a["name"] == arch), agents[0] if agents else {})
+    return max((v for k, v in agent.items() if k.endswith("_bytes")), default=0)
+
+
+@functools.cache
+def _rocminfo_text() -> str:
+    from gpulab.core.tools import run_tool
+
+    result = run_tool("rocminfo", ("rocminfo",), timeout_s=30)
+    return result.stdout if result.status == "ok" else ""
+
+
+CPU_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def cpu_llc_bytes(root: Path = CPU_CACHE_SYSFS) -> int:
+    """The highest data or unified cache level of CPU 0 (``index*/level``, ``type``, ``size`` as ``32768K``), in
+    bytes; 0 where sysfs does not say."""
+    best = (0, 0)
+    for index in sorted(root.glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        match = re.fullmatch(r"(\d+)([KMG]?)", size)
+        if kind != "Instruction" and match:
+            best = max(best, (level, int(match[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match[2]]))
+    return best[1]
+
+
 def cpu_model_name() -> str:
     """The CPU's model name (also the device name of CPU-only runs)."""
     try:

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # figures off by more than a tenth (on an H100, 0.1-0.3 s spans gave mean powers of 40 kW on a 700 W board).
 MIN_SPAN_S = 1.0
 # The span of the energy block a measurement whose timed blocks were too short for a figure runs after them
-# (TimingSettings.energy_span_s: the MLP's and the LLM's), sized by a call's median time.
+# (TimingSettings.energy_span_s: the MLP's, the LLM's and each benchmarked implementation's largest case per dtype).
 ENERGY_SPAN_S = 1.5 * MIN_SPAN_S
 # A measurement whose blocks, by its first one, will span less than this share of MIN_SPAN_S stops reading the counter.
 SKIP_BELOW = 0.5

@@ -156,6 +156,22 @@ def parse_rocminfo(text: str) -> list[dict[str, str]]:
     return agents
 
 
+def parse_rocminfo_caches(text: str) -> list[dict[str, Any]]:
+    """Per GPU agent of ``rocminfo``: its ISA name and its ``Cache Info`` levels in bytes (``L2: 4096(0x1000) KB``
+    -> ``l2_bytes``; L3 is the Infinity Cache, the MALL)."""
+    agents: list[dict[str, Any]] = []
+    for block in re.split(r"(?:^|\n)\*{5,}\s*\nAgent \d+\s*\n\*{5,}", text)[1:]:
+        if not re.search(r"^\s+Device Type:\s+GPU\s*$", block, re.MULTILINE):
+            continue
+        name = re.search(r"^\s{2}Name:\s+(\S+)", block, re.MULTILINE)
+        agent: dict[str, Any] = {"name": name[1] if name else ""}
+        for level, kib in re.findall(r"^\s+(L[1-9]):\s+(\d+)(?:\(0x[0-9a-fA-F]+\))?\s*KB\s*$", block,
+                                     re.MULTILINE):
+            agent.setdefault(f"{level.lower()}_bytes", int(kib) * 1024)
+        agents.append(agent)
+    return agents
+
+
 def parse_nvidia_smi_q(text: str) -> dict[str, Any]:
     """Driver/CUDA versions and per-GPU product, memory and utilisation from ``nvidia-smi -q``."""
     result: dict[str, Any] = {"driver_version": None, "cuda_version": None, "devices": []}

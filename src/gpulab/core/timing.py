@@ -1,22 +1,9 @@
-"""The one timing function of the project.
+"""The one timing function of the project (docs/methodology/timing.md).
 
-Every measured figure goes through :func:`measure`: an untimed first call (compilation, autotuning and
-handle creation land here and are reported separately as ``first_call_ms``), further warm-up calls,
-then repetitions timed with device events on a GPU (``torch.cuda.Event`` is HIP on ROCm) or
-``time.perf_counter`` on CPU, until both a minimum measured time and a minimum repetition count are
-reached. The repetitions are taken in blocks (``blocks``, default 8): the first block sizes the rest, and
-before each block the memory layout is re-drawn and the CPU yielded, so that what differs from one run to
-the next (where the op's outputs land, what else the machine runs) also varies between blocks of one
-run, where the run-vs-run comparison can see it (``gpulab.report.compare``); :class:`Measurement` takes
-one block at a time, so the bench runner can interleave the blocks of a cell's cases over
-``min_span_s`` of wall time (states of a shared CPU outlast one measurement). Before each repetition a
-buffer larger than the last-level cache is read (outside the timed region) so repeated runs do
-not measure the cache; callers may also pass several closures over different inputs, which are rotated.
-
-Every summary carries its repetition times (``times_ms``, in timed order, blocks separated by ``|``, for
-run-vs-run statistics) and ``stable``: false when the mean is more than 10% above the median (a stall in
-some repetitions), the coefficient of variation exceeds 0.10, or fewer than 5 repetitions were taken
-(too few to judge either).
+Every measured figure goes through :func:`measure`: an untimed first call (``first_call_ms``), warm-up calls and
+pilot block, then blocks of repetitions (device events on a GPU, ``perf_counter`` on a CPU) until the median is
+known to a target precision (:func:`judge`: ``rel_ci``, ``stop_reason``), between a floor and a cap; before each
+repetition a buffer of twice the last-level cache is read (``flush_bytes``).
 """
 
 from __future__ import annotations
@@ -30,13 +17,27 @@ from typing import Any
 import numpy as np
 
 from gpulab.core import energy
-from gpulab.core.device import DeviceInfo, detect, synchronize
+from gpulab.core.device import DeviceInfo, detect, last_level_cache_bytes, synchronize
 
-# MI300X's Infinity Cache is 256 MiB and is not reported as L2, so flush more than that on any GPU. Not less on a
-# GPU with a smaller cache either: the flush is also the host's head start, the time it has to issue a launch-bound
-# op's kernels before the device reaches them (docs/decisions.md, "Energy reads and the flush held the device").
+# The flush reads twice the last-level cache the device reports (Triton's do_bench clears 256 MB, NVBench the L2);
+# a case whose own tensors exceed NO_FLUSH_MULTIPLE times that cache cannot find them in it and is not flushed.
+FLUSH_CACHE_MULTIPLE = 2
+NO_FLUSH_MULTIPLE = 4
+# Where the device reports no cache size: more than MI300X's 256 MiB Infinity Cache on a GPU.
 GPU_FLUSH_BYTES = 512 * 2**20
 CPU_FLUSH_BYTES = 64 * 2**20
+# The stopping rule (judge): at least MIN_BLOCKS blocks and min_reps repetitions; a 95% interval of the median.
+MIN_BLOCKS = 2
+CI_Z = 1.96
+# "noise settled": from NOISE_MIN_BLOCKS blocks on, the spread of the repetitions moved by at most this share over
+# the last NOISE_WINDOW blocks, and the cap's repetitions would not bring rel_ci to the target.
+NOISE_MIN_BLOCKS = 4
+NOISE_WINDOW = 3
+NOISE_SETTLED_CHANGE = 0.10
+# A call shorter than this (``latency_call_ms: auto``) is latency-bound: launch and first access set its time, so
+# its target is rel_ci_latency. About twice a GPU's launch latency; a CPU op's dispatch costs more.
+GPU_LATENCY_CALL_MS = 0.02
+CPU_LATENCY_CALL_MS = 0.1
 # The stability rule: a row breaking any of these is reported as not stable.
 MAX_MEAN_OVER_MEDIAN = 1.10
 MAX_CV = 0.10
@@ -45,8 +46,8 @@ MIN_STABLE_REPS = 5
 # sets the cost, and the run-vs-run interval comes from the spread between blocks, not their length.
 GPU_MAX_WALL_S = 3.0
 CPU_MAX_WALL_S = 0.5
-# Measured time a measurement collects (``min_time_s: auto``): a GPU's repetitions agree closely, a shared CPU
-# drifts for seconds (evidence: docs/decisions.md).
+# Measured time of a measurement's most blocks, which sizes each (``min_time_s: auto``): a GPU's repetitions
+# agree closely, a shared CPU drifts for seconds (evidence: docs/decisions.md).
 GPU_MIN_TIME_S = 0.1
 CPU_MIN_TIME_S = 0.25
 # Least wall time the interleaved blocks of a benchmark cell span (``min_span_s: auto``): a shared CPU's speed
@@ -62,9 +63,10 @@ GPU_REFERENCE = False
 # Largest allocation held during a block to move the op's outputs (several pages, so both the offset
 # within a page and the cache sets an output maps to change).
 LAYOUT_SHIM_BYTES = 64 * 2**10
-# Most calls of a measurement's energy block (a device event pair each): an op shorter than energy_span_s over this
-# gives no energy figure rather than a block of millions of calls.
+# Most calls of one block of a measurement's energy block (a device event pair each), and most such blocks: the
+# energy block repeats them until it spans energy_span_s.
 MAX_ENERGY_CALLS = 10_000
+MAX_ENERGY_BLOCKS = 20
 # An energy block runs the device flat out for seconds and its power limiter holds the clocks down for a while after:
 # the next measurement of the process starts this long after the block's end (without it, the first-token calls
 # timed right after the prefill's block ran up to 2 ms slower, recovering over their three calls).
@@ -83,9 +85,13 @@ class TimingSettings:
     blocks: int = 8
     min_span_s: float | str = "auto"
     reference: bool | str = "auto"
-    # Where the timed blocks span too little for the energy counter (gpulab.core.energy.MIN_SPAN_S) and the device has
-    # one: a block of further calls after them, spanning this long, is read for the energy alone (its times are not
-    # kept, so the timing is what it would be without it). 0: none (a bench cell's interleaved cases).
+    # The stopping rule's targets (rel_ci: 95% half-width of the median over the median) and the call time under
+    # which a measurement is latency-bound.
+    rel_ci_bandwidth: float = 0.005
+    rel_ci_latency: float = 0.02
+    latency_call_ms: float | str = "auto"
+    # Where the timed blocks span less than this and the device has an energy counter: a block of further calls
+    # after them, spanning at least this long, is read for the energy alone (its times are not kept). 0: none.
     energy_span_s: float = 0.0
 
     @classmethod
@@ -105,7 +111,13 @@ class TimingSettings:
             resolved = replace(resolved, min_span_s=GPU_MIN_SPAN_S if gpu else CPU_MIN_SPAN_S)
         if self.reference == "auto":
             resolved = replace(resolved, reference=GPU_REFERENCE if gpu else CPU_REFERENCE)
+        if self.latency_call_ms == "auto":
+            resolved = replace(resolved, latency_call_ms=GPU_LATENCY_CALL_MS if gpu else CPU_LATENCY_CALL_MS)
         return resolved
+
+    def target(self, call_ms: float) -> float:
+        """The rel_ci a measurement stops at: rel_ci_latency for a call under latency_call_ms, else rel_ci_bandwidth."""
+        return self.rel_ci_latency if call_ms < float(self.latency_call_ms) else self.rel_ci_bandwidth
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,9 @@ class Timing:
     energy_j: float = math.nan
     power_w: float = math.nan
     energy_reason: str = ""
+    rel_ci: float = math.nan  # 95% half-width of the median over the median (median_ci)
+    stop_reason: str = ""  # precision | cap | noise settled | count (judge)
+    flush_bytes: int = 0  # bytes the cache flush read before each repetition (0: not flushed)
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,7 +154,8 @@ TIMING_COLUMNS = tuple(Timing.__dataclass_fields__)
 
 
 def is_stable(mean_ms: float, median_ms: float, cv: float, reps: int) -> bool:
-    """The stability rule (see the module docstring)."""
+    """The stability rule: not stable where the mean is more than MAX_MEAN_OVER_MEDIAN of the median (a stall in
+    some repetitions), the coefficient of variation exceeds MAX_CV, or under MIN_STABLE_REPS repetitions were taken."""
     if reps < MIN_STABLE_REPS or not median_ms > 0:
         return False
     return bool(mean_ms / median_ms <= MAX_MEAN_OVER_MEDIAN and cv <= MAX_CV)
@@ -195,19 +211,25 @@ def rotation_sets(settings: TimingSettings, info: DeviceInfo, bytes_per_set: int
     the rotated inputs are twice the last-level cache (so no repetition finds its inputs cached)."""
     if settings.flush_cache:
         return 1
-    cache = info.l2_cache_bytes or 64 * 2**20
+    cache = last_level_cache_bytes(info) or 64 * 2**20
     return max(1, min(MAX_ROTATION, math.ceil(2 * cache / max(1, bytes_per_set))))
 
 
-def flush_bytes(info: DeviceInfo) -> int:
-    """Bytes the cache flush reads on ``info``'s device: GPU_FLUSH_BYTES, at most a sixteenth of a GPU's memory."""
+def flush_bytes(info: DeviceInfo, footprint_bytes: int = 0) -> int:
+    """Bytes the cache flush reads on ``info``'s device before a case whose own tensors are ``footprint_bytes``:
+    FLUSH_CACHE_MULTIPLE x the last-level cache (a fallback where none is reported; on a GPU at most a sixteenth of
+    its memory), or 0 where the case's tensors exceed NO_FLUSH_MULTIPLE x that cache."""
+    cache = last_level_cache_bytes(info)
+    if cache and footprint_bytes > NO_FLUSH_MULTIPLE * cache:
+        return 0
     if not info.gpu_available:
-        return CPU_FLUSH_BYTES
-    return min(GPU_FLUSH_BYTES, info.total_memory_bytes // 16) if info.total_memory_bytes else GPU_FLUSH_BYTES
+        return FLUSH_CACHE_MULTIPLE * cache if cache else CPU_FLUSH_BYTES
+    nbytes = FLUSH_CACHE_MULTIPLE * cache if cache else GPU_FLUSH_BYTES
+    return min(nbytes, info.total_memory_bytes // 16) if info.total_memory_bytes else nbytes
 
 
 class CacheFlusher:
-    """Reads a buffer larger than the last-level cache (before each repetition, outside the timer).
+    """Reads a buffer of twice the last-level cache (before each repetition, outside the timer).
 
     Reading, not writing: a flush that overwrites its buffer leaves the cache full of dirty lines, and
     the timed op then pays for writing them back (on the H100, up to 50 MB extra traffic on a 64 MiB copy
@@ -217,13 +239,13 @@ class CacheFlusher:
     def __init__(self, info: DeviceInfo, enabled: bool) -> None:
         self.buffer = None
         self.sink = None
-        if not enabled:
+        self.nbytes = flush_bytes(info) if enabled else 0
+        if not self.nbytes:
             return
         import torch
 
-        nbytes = flush_bytes(info)
         # float32: PyTorch's integer sum on a CPU is 50x slower than its vectorised float sum.
-        self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=info.torch_device)
+        self.buffer = torch.ones(self.nbytes // 4, dtype=torch.float32, device=info.torch_device)
         self.sink = torch.zeros((), dtype=torch.float32, device=info.torch_device)
 
     def __call__(self) -> None:
@@ -251,16 +273,61 @@ class _Layout:
         self.shim = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
 
+def median_ci(samples_ms: Sequence[float]) -> float:
+    """The 95% half-width of the median over the median, distribution-free: half the distance between the order
+    statistics of ranks n/2 -/+ 1.96 sqrt(n)/2 (the whole range for n <= 10); NaN for fewer than 2 samples."""
+    x = np.sort(np.asarray(samples_ms, dtype=np.float64))
+    n = x.size
+    median = float(np.median(x)) if n else math.nan
+    if n < 2 or not median > 0:
+        return math.nan
+    half = CI_Z * math.sqrt(n) / 2
+    low = max(1, math.floor(n / 2 - half))
+    high = min(n, math.ceil(1 + n / 2 + half))
+    return float(x[high - 1] - x[low - 1]) / 2 / median
+
+
+def _spread(samples_ms: Sequence[float]) -> float:
+    """The repetitions' own noise: p90 - p10 over the median."""
+    x = np.asarray(samples_ms, dtype=np.float64)
+    return float((np.percentile(x, 90) - np.percentile(x, 10)) / np.median(x))
+
+
+def judge(blocks: Sequence[Sequence[float]], target: float, *, min_reps: int, max_reps: int, max_blocks: int,
+          wall_s: float, max_wall_s: float, cap_reps: int) -> tuple[float, str]:
+    """(rel_ci, why to stop now, or '' to take another block) after the blocks so far. The floor: MIN_BLOCKS blocks
+    and ``min_reps``; then ``precision`` once rel_ci <= ``target``; ``cap`` at ``max_blocks`` blocks, ``max_reps``
+    repetitions or ``max_wall_s`` of the blocks' wall time; ``noise settled`` where the repetitions' spread stopped
+    moving (NVBench's second criterion) and ``cap_reps`` repetitions would still miss the target."""
+    samples = [t for block in blocks for t in block]
+    rel_ci = median_ci(samples)
+    if len(blocks) < MIN_BLOCKS or len(samples) < min_reps:
+        return rel_ci, ""
+    if rel_ci <= target:
+        return rel_ci, "precision"
+    if len(blocks) >= max_blocks or len(samples) >= max_reps or wall_s >= max_wall_s:
+        return rel_ci, "cap"
+    if len(blocks) >= NOISE_MIN_BLOCKS:
+        history = [_spread([t for block in blocks[:k] for t in block]) for k in range(len(blocks) - NOISE_WINDOW + 1,
+                                                                                        len(blocks) + 1)]
+        settled = max(history) <= (1 + NOISE_SETTLED_CHANGE) * min(history)
+        if settled and rel_ci * math.sqrt(len(samples) / max(cap_reps, len(samples))) > target:
+            return rel_ci, "noise settled"
+    return rel_ci, ""
+
+
 def _block_plan(settings: TimingSettings, pilot_ms: Sequence[float], pilot_wall_s: float) -> list[int]:
-    """Repetitions of each block, from the pilot block: enough for ``min_time_s`` and ``min_reps`` over all
-    blocks, within ``max_reps`` and (once ``min_reps`` are reached) within ``max_wall_s``."""
-    done = len(pilot_ms)
+    """The most blocks a measurement takes (``blocks``), each sized from the pilot block: ``min_time_s`` over
+    ``blocks`` of measured time, within ``max_reps`` and ``max_wall_s`` over ``blocks``; at least ``min_reps`` over
+    ``blocks`` repetitions, so the floor is reached within the blocks."""
     per_rep_ms = max(float(np.median(pilot_ms)), 1e-4)
-    wanted = max(settings.min_reps, math.ceil(settings.min_time_s * 1e3 / per_rep_ms))
     # For tiny ops the cache flush, not the op, dominates the loop (a 64 MiB CPU flush costs ~10 ms):
-    # cap the wall time rather than spend minutes flushing for a microsecond kernel.
-    affordable = math.floor(settings.max_wall_s / max(pilot_wall_s / done, 1e-9))
-    return _split(min(settings.max_reps, max(settings.min_reps, min(wanted, affordable))), settings.blocks)
+    # the wall-time cap, not the measured time, then bounds the blocks.
+    per_rep_wall = max(pilot_wall_s / len(pilot_ms), 1e-9)
+    size = math.ceil(settings.min_time_s * 1e3 / settings.blocks / per_rep_ms)
+    size = min(size, settings.max_reps // settings.blocks,
+               math.floor(settings.max_wall_s / per_rep_wall / settings.blocks))
+    return [max(size, math.ceil(settings.min_reps / settings.blocks), 1)] * settings.blocks
 
 
 def _split(total: int, blocks: int) -> list[int]:
@@ -273,37 +340,46 @@ class Measurement:
     """One measurement taken block by block, so several can be interleaved (the bench runner takes a cell's
     cases in turn).
 
-    Construction does the untimed first call, the warm-up and the pilot block that sizes the rest;
-    :meth:`step` takes the next block; :meth:`timing` summarises the kept blocks. ``flusher`` may be
-    shared between measurements that run together (one cache-sized buffer, not one each);
-    ``interleaved`` opens each block with an untimed call, as other closures ran in between.
+    Construction does the untimed first call, the warm-up and the pilot block that sizes the blocks;
+    :meth:`step` takes the next block and judges whether to stop (``done``); :meth:`sustain_energy` runs the energy
+    block where one is due; :meth:`timing` summarises the kept blocks. ``flusher`` may be shared between
+    measurements that run together (one cache-sized buffer, not one each); ``interleaved`` opens each block with an
+    untimed call, as other closures ran in between. ``footprint_bytes``: the case's own tensors (no flush where they
+    exceed NO_FLUSH_MULTIPLE x the cache); ``energy_note``: the counter is not read, the row says this instead.
     """
 
     def __init__(self, fn: Callable[[], object] | Sequence[Callable[[], object]], settings: TimingSettings,
-                 info: DeviceInfo, flusher: CacheFlusher | None = None, interleaved: bool = False) -> None:
+                 info: DeviceInfo, flusher: CacheFlusher | None = None, interleaved: bool = False,
+                 footprint_bytes: int = 0, energy_note: str = "") -> None:
         self.fns = list(fn) if isinstance(fn, Sequence) else [fn]
         if not self.fns:
             raise ValueError("measure() needs at least one closure")
-        self.settings, self.info = settings.for_device(info), info
+        self.settings, self.info, self.energy_note = settings.for_device(info), info, energy_note
         _DEVICE_REST.settle()
         self.first_call_ms = _warm_up(self.fns, self.settings, info)
-        self.timer = _BlockTimer(self.fns, info, flusher or CacheFlusher(info, self.settings.flush_cache),
-                                 interleaved)
+        flush = self.settings.flush_cache and flush_bytes(info, footprint_bytes) > 0
+        self.timer = _BlockTimer(self.fns, info, (flusher or CacheFlusher(info, True)) if flush
+                                 else CacheFlusher(info, False), interleaved)
+        if energy_note:
+            self.timer.meter.problem = energy_note  # never read: the row says where its energy was measured
         # A pilot block sizes the blocks and is not kept: the first repetitions after the layout moves pay
-        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size.
+        # first-touch costs. A fixed count (min_reps = max_reps: the LLM figures) has nothing to size or judge.
         self.pilot: list[float] = []
-        if self.settings.min_reps >= self.settings.max_reps:
+        self.fixed = self.settings.min_reps >= self.settings.max_reps
+        if self.fixed:
             self.plan = _split(self.settings.max_reps, self.settings.blocks)
         else:
             wall = time.perf_counter()
             self.pilot = self.timer.block(max(1, math.ceil(self.settings.min_reps / self.settings.blocks)))
             self.plan = _block_plan(self.settings, self.pilot, time.perf_counter() - wall)
         self.blocks: list[list[float]] = []
-        self.sustained: tuple[energy.Meter, int] | None = None  # the energy block's counter and calls, where one ran
+        self.wall_s = 0.0  # wall time of this measurement's own blocks (not of the cases interleaved with it)
+        self.rel_ci, self.stop_reason = math.nan, ""
+        self.sustained: tuple[energy.Meter, int, int] | None = None  # the energy block's counter, calls and flushes
 
     @property
     def done(self) -> bool:
-        return len(self.blocks) == len(self.plan)
+        return bool(self.stop_reason)
 
     @property
     def last(self) -> tuple[int, object]:
@@ -311,29 +387,52 @@ class Measurement:
         return self.timer.last
 
     def pair_with(self, other: Measurement) -> None:
-        """Take this measurement's repetitions in as many blocks as ``other``, so it can time one block beside
-        each of the other's (a reference paired block by block with a case)."""
+        """Take this measurement's repetitions in as many blocks as ``other`` may take, so it can time one block
+        beside each of the other's (a reference paired block by block with a case; the case decides when to stop)."""
         blocks = len(other.plan)
         self.plan = _split(max(sum(self.plan), blocks), blocks)
 
     def step(self) -> None:
-        """Time the next block; after the first, the blocks' span is known well enough to tell whether the energy
-        counter can give a figure (the pilot's few repetitions are dominated by per-block costs)."""
+        """Time the next block and judge whether to stop; after the first, the blocks' span is known well enough to
+        tell whether the energy counter can give a figure (the pilot's few repetitions are dominated by per-block
+        costs)."""
+        reps = self.plan[min(len(self.blocks), len(self.plan) - 1)]
+        if not self.fixed:  # the last block stops at max_reps
+            reps = max(1, min(reps, self.settings.max_reps - sum(len(block) for block in self.blocks)))
         start = time.perf_counter()
-        self.blocks.append(self.timer.block(self.plan[len(self.blocks)]))
+        self.blocks.append(self.timer.block(reps))
+        self.wall_s += time.perf_counter() - start
         if len(self.blocks) == 1:
-            self.timer.meter.expect((time.perf_counter() - start) / self.plan[0] * sum(self.plan))
+            self.timer.meter.expect(self.wall_s / self.plan[0] * sum(self.plan))
+        samples = [t for block in self.blocks for t in block]
+        if self.fixed:
+            self.rel_ci = median_ci(samples)
+            self.stop_reason = "count" if len(self.blocks) >= len(self.plan) else ""
+            return
+        s = self.settings
+        self.rel_ci, self.stop_reason = judge(
+            self.blocks, s.target(float(np.median(self.pilot or samples))), min_reps=s.min_reps, max_reps=s.max_reps,
+            max_blocks=len(self.plan), wall_s=self.wall_s, max_wall_s=float(s.max_wall_s), cap_reps=sum(self.plan))
+
+    def sustain_energy(self) -> None:
+        """Where energy_span_s asks for it, the counter works and the timed blocks spanned less: a block of further
+        calls, repeated until it spans energy_span_s, read for the energy alone (after every block of the
+        measurement and of those interleaved with it: the device's power limiter slows what follows it)."""
         meter = self.timer.meter
-        if self.done and self.settings.energy_span_s and not meter.source.reason and meter.span_s < energy.MIN_SPAN_S:
-            # sized by a call's median time: back to back a call takes at least that, so the block spans at least
-            # energy_span_s (the timed blocks' wall time a call counts each block's own costs as well)
-            call_s = float(np.median([t for block in self.blocks for t in block])) / 1e3
-            calls = min(math.ceil(self.settings.energy_span_s / max(call_s, 1e-6)), MAX_ENERGY_CALLS)
-            self.sustained = (self.timer.energy_block(calls), calls)
+        if not self.settings.energy_span_s or self.energy_note or meter.source.reason:
+            return
+        if meter.span_s >= self.settings.energy_span_s and not meter.problem:
+            return
+        # sized by a call's median time: back to back a call takes at least that
+        call_s = float(np.median([t for block in self.blocks for t in block])) / 1e3
+        calls = min(math.ceil(self.settings.energy_span_s / max(call_s, 1e-6)), MAX_ENERGY_CALLS)
+        self.sustained = self.timer.energy_block(calls, self.settings.energy_span_s)
 
     def timing(self) -> Timing:
         samples = [t for block in self.blocks for t in block]
         stats = summarize(samples)
+        found = (energy.Energy(reason=self.energy_note) if self.energy_note
+                 else self.timer.energy(stats["mean_ms"], self.sustained))
         return Timing(
             **stats,
             reps=len(samples),
@@ -342,15 +441,18 @@ class Measurement:
             + (len(self.blocks) + bool(self.pilot)) * self.timer.opening_calls,
             first_call_ms=self.first_call_ms,
             timer="device_event" if self.info.gpu_available else "perf_counter",
-            cache_policy=_cache_policy(self.settings, len(self.fns)),
+            cache_policy=_cache_policy(self.timer.flush.buffer is not None, len(self.fns)),
             stable=is_stable(stats["mean_ms"], stats["median_ms"], stats["cv"], len(samples)),
             times_ms=format_blocks(self.blocks),
-            **self.timer.energy(stats["mean_ms"], self.sustained).as_row(),
+            **found.as_row(),
+            rel_ci=self.rel_ci,
+            stop_reason=self.stop_reason,
+            flush_bytes=self.timer.flush.nbytes,
         )
 
 
-def _cache_policy(settings: TimingSettings, n_fns: int) -> str:
-    if settings.flush_cache:
+def _cache_policy(flushed: bool, n_fns: int) -> str:
+    if flushed:
         return "flush" + (f"+rotate:{n_fns}" if n_fns > 1 else "")
     return f"rotate:{n_fns}" if n_fns > 1 else "none"
 
@@ -359,18 +461,20 @@ def measure(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     settings: TimingSettings | None = None,
     device: DeviceInfo | None = None,
+    footprint_bytes: int = 0,
 ) -> Timing:
     """Time a zero-argument closure (or rotate over several); only the call itself is inside the timer.
 
-    The repetitions are taken in ``settings.blocks`` blocks; before each block the memory layout is
-    re-drawn (see :class:`_Layout`) and the thread yields the CPU, so each block is a fresh sample of the
-    conditions a run meets. ``times_ms`` keeps the blocks apart (``|``) for the run-vs-run comparison.
-    A caller that must check what was timed uses :class:`Measurement` (its ``last``).
+    Blocks are taken until the stopping rule (:func:`judge`) says the median is known; before each the memory
+    layout is re-drawn (see :class:`_Layout`) and the thread yields the CPU. ``times_ms`` keeps the blocks apart
+    (``|``) for the run-vs-run comparison; ``footprint_bytes`` sizes the flush (:func:`flush_bytes`). A caller that
+    must check what was timed uses :class:`Measurement` (its ``last``).
     """
     info = device or detect()
-    measurement = Measurement(fn, settings or TimingSettings(), info)
+    measurement = Measurement(fn, settings or TimingSettings(), info, footprint_bytes=footprint_bytes)
     while not measurement.done:
         measurement.step()
+    measurement.sustain_energy()
     return measurement.timing()
 
 
@@ -446,22 +550,29 @@ class _BlockTimer:
             return self._device_events(reps + 1)[1:]
         return self._device_events(reps)
 
-    def energy_block(self, calls: int) -> energy.Meter:
-        """``calls`` more calls, as a timed block makes them, between two reads of the counter; their times are not
-        kept (the measurement's energy block, ``energy_span_s``)."""
+    def energy_block(self, calls: int, span_s: float) -> tuple[energy.Meter, int, int]:
+        """Blocks of ``calls`` more calls, as a timed block makes them, each between two reads of the counter, until
+        they span ``span_s`` (the measurement's energy block, ``energy_span_s``); their times are not kept. Returns
+        the counter's movement, the calls and the flushes it covers."""
         meter = energy.Meter(self.meter.source)
-        time.sleep(0)
-        meter.block(lambda: self._timed(calls))
+        total = flushes = 0
+        for _ in range(MAX_ENERGY_BLOCKS):
+            time.sleep(0)
+            meter.block(lambda: self._timed(calls))
+            total += calls + self.opening_calls
+            flushes += calls + (self.opening_calls > 1)
+            if meter.problem or meter.span_s >= span_s:
+                break
         _DEVICE_REST.loaded()
-        return meter
+        return meter, total, flushes
 
-    def energy(self, call_ms: float, sustained: tuple[energy.Meter, int] | None = None) -> energy.Energy:
+    def energy(self, call_ms: float, sustained: tuple[energy.Meter, int, int] | None = None) -> energy.Energy:
         """Energy of one call over every block timed so far, its mean power over ``call_ms``; or over the energy
         block where one ran, its mean power over the block's wall time a call (back to back, a call's device time
-        understates it). The flushes before the repetitions are taken off: one a call in the energy block."""
+        understates it). The flushes before the repetitions are taken off."""
         if sustained:
-            meter, calls = sustained
-            flushes, call_ms = calls, meter.span_s * 1e3 / max(calls, 1)
+            meter, calls, flushes = sustained
+            call_ms = meter.span_s * 1e3 / max(calls, 1)
         else:
             meter, calls, flushes = self.meter, self.calls, self.flushes
         flush_j = 0.0

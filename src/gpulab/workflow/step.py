@@ -19,13 +19,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from gpulab.workflow.cluster import apply_target_env
 from gpulab.core.cores import confine_job, current_load, stamp_host_load, start_load_meter
 from gpulab.core.device import expect_device
 from gpulab.core.device_lock import arm_device_claim, start_waits_record
-from gpulab.workflow.failures import EXIT_RECORD
 from gpulab.core.logs import to_log
 from gpulab.core.paths import compiler_cache_env
+from gpulab.workflow.cluster import apply_target_env
+from gpulab.workflow.failures import EXIT_RECORD
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
