@@ -334,6 +334,29 @@ def test_hf_compiled_teacher_forcing_runs_through_generate_past_an_end_of_sequen
     assert not ok and values["first_mismatch"] >= 23 and f"position {values['first_mismatch']} is" in reason
 
 
+@pytest.mark.slow
+def test_hf_compiled_compiles_its_decode_step_once_for_every_call(tiny):
+    """compile: true on a CPU: transformers compiles the decode step in the warm-up (Inductor's CPU backend, no
+    CUDA graphs), once: the one static cache keeps every later call on that graph, whatever its prompt or its
+    sampling, and the compiled step passes teacher forcing."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # the model's compiled call may hold an earlier test's graph
+    engine = HfCompiledEngine(tiny, 128, {**SMALL, "compile": True})
+    assert engine.graphs_compiled == 1, engine.detail
+    assert "decode step compiled by transformers (torch.compile mode default" in engine.detail
+    assert engine.graph_mode == "none (torch.compile mode default: no GPU)"
+    graphs = counters["stats"]["unique_graphs"]
+    check = checks.teacher_forcing(engine, HfEngine(tiny), _teacher_ids(48), 2e-2)
+    assert check.ok, check.reason
+    for length in (1, 9, 17):
+        ids = torch.randint(0, 700, (1, length), generator=torch.Generator().manual_seed(length))
+        assert len(engine.generate(ids, 12, Sampling.greedy(), stop_at_eos=False)) == 12
+    study = Sampling.study(tiny.model.generation_config, 0.7, 0.9)
+    assert 0 < len(engine.generate(_chat_ids(tiny), 12, study, stop_at_eos=True)) <= 12
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 # -- sampling -------------------------------------------------------------------------------------------
 
 

@@ -323,6 +323,7 @@ class HfCompiledEngine(HfEngine):
 
         gpu = loaded.model.lm_head.weight.device.type == "cuda"
         self.settings, self.compile_setting = GraphSettings.resolve(dict(cfg), gpu), cfg["compile"]
+        self.no_graphs_why = "llm.graphs off" if cfg["graphs"] == "off" else "no GPU"
         self.static = StaticGenerate(loaded.model, max_len, self.settings.compile, self.settings.graphs,
                                      self.tokenizer.pad_token_id)
         self.graphs_compiled, self.cudagraph_skips, self.prepare_s = self._warm_up()
@@ -379,7 +380,7 @@ class HfCompiledEngine(HfEngine):
         if not self.static.compiled:
             return "none (eager PyTorch)"
         if mode != "reduce-overhead":
-            return f"none (llm.graphs off: torch.compile mode {mode})"
+            return f"none (torch.compile mode {mode}: {self.no_graphs_why})"
         if self.cudagraph_skips:
             return (f"off: inductor skipped CUDA graphs {self.cudagraph_skips} time(s) in the warm-up "
                     "(torch.compile mode reduce-overhead; the log says why)")
