@@ -302,13 +302,26 @@ def test_fused_projections_are_views_transformers_still_uses(tiny):
 # -- transformers' own fast path -------------------------------------------------------------------------
 
 
-def test_hf_compiled_runs_eagerly_on_a_cpu_and_says_why(tiny):
-    """compile: auto on a CPU: transformers' generate over the static cache, uncompiled; its greedy tokens are
-    the dynamic cache's, call after call (the one cache is emptied before each)."""
-    engine = HfCompiledEngine(tiny, 128, SMALL)
+def test_hf_compiled_without_a_gpu_is_skipped_with_the_reason(tiny, tmp_path):
+    run_llm(tiny.resolved, ["hf_compiled"], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
+            out_dir=tmp_path, loaded=tiny)
+    table = LLM.read(tmp_path / "tiny__hf_compiled.csv")
+    assert sorted(table["test"]) == sorted(["teacher48", "pp24", "ttft24", "tg8", "study"])
+    assert set(table["status"]) == {"skipped"}
+    assert set(table["reason"]) == {"engine hf_compiled: no GPU: transformers compiles the decode step on an "
+                                    "accelerator (llm.compile auto; true compiles it on the CPU, false runs it "
+                                    "eagerly)"}
+    kernels = LLM_KERNELS.read(kernels_path(tmp_path, "tiny", "hf_compiled"))
+    assert list(kernels["status"]) == ["skipped"]
+
+
+def test_hf_compiled_runs_eagerly_when_told_to(tiny):
+    """compile: false: transformers' generate over the static cache, uncompiled; its greedy tokens are the dynamic
+    cache's, call after call (the one cache is emptied before each)."""
+    engine = HfCompiledEngine(tiny, 128, EAGER_CFG)
     assert engine.graph_mode == "none (eager PyTorch)"
     assert "static KV cache of 128 positions" in engine.detail
-    assert "eager decode step (llm.compile auto: compiled on a GPU only)" in engine.detail
+    assert "eager decode step (llm.compile off)" in engine.detail
     assert engine.kv_cache_bytes == kv_bytes_per_position(tiny.model.config, 2) * 128
     for ids in (_chat_ids(tiny), torch.randint(0, 700, (1, 9), generator=torch.Generator().manual_seed(5))):
         assert engine.generate(ids, 16, Sampling.greedy(), stop_at_eos=False) == _hf_greedy(tiny.model, ids, 16)
@@ -318,7 +331,7 @@ def test_hf_compiled_runs_eagerly_on_a_cpu_and_says_why(tiny):
 def test_hf_compiled_teacher_forcing_runs_through_generate_past_an_end_of_sequence(tiny):
     """Teacher forcing through generate: the prefill's last position and one decode step per given token, the
     tokens forced even where one ends a sequence; the verdict names the sequence's positions."""
-    engine = HfCompiledEngine(tiny, 128, SMALL)
+    engine = HfCompiledEngine(tiny, 128, EAGER_CFG)
     ids = _teacher_ids(48)
     eos = tiny.model.generation_config.eos_token_id
     ids[[30, 40]] = torch.tensor(eos)
@@ -449,6 +462,7 @@ def test_read_only_ceiling_is_used_and_the_copy_ceiling_stands_in_with_a_note(tm
 
 SMALL = {**bench.llm_defaults(), "prompt_tokens": 24, "gen_tokens": 8, "max_new_tokens": 12, "check_tokens": 8,
          "teacher_tokens": 48}
+EAGER_CFG = {**SMALL, "compile": False}  # hf_compiled on a CPU: eager unless compiling is asked for
 FILLED = {
     "pp": ["tok_s", "tok_s_sd", "mean_ms", "n_prompt", "peak_alloc_gib", "peak_reserved_gib", "weight_bytes", "load_s",
            "first_call_ms", "reps", "attn_impl", "sdpa_kernel", "engine_detail", "graph_mode", "aotriton_experimental"],
@@ -480,7 +494,8 @@ def test_the_engine_registry_is_what_the_config_and_the_tables_ask():
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
-    rows = run_llm(tiny.resolved, [engine], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
+    cfg = EAGER_CFG if engine == "hf_compiled" else SMALL  # compiled on a GPU only, unless told
+    rows = run_llm(tiny.resolved, [engine], cfg, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
                    out_dir=tmp_path, loaded=tiny)
     table = LLM.read(tmp_path / f"tiny__{engine}.csv")
     assert list(table.columns) == LLM.names and len(table) == len(rows)

@@ -21,7 +21,7 @@ import torch
 
 from gpulab.device import DeviceInfo, detect
 from gpulab.llm import checks, figures, profile, study
-from gpulab.llm.engines import HfEngine, engine_class, engines_described
+from gpulab.llm.engines import EngineSkipped, HfEngine, engine_class, engines_described
 from gpulab.llm.models import LoadedModel, ResolvedModel, import_transformers, load_model, model_slug
 from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
 from gpulab.llm.roofline import Ceiling
@@ -341,6 +341,9 @@ def _run_one(job: Job, engine: str, loaded: LoadedModel | None, problem: tuple[s
     if not problem:
         try:
             rows, texts, kernels = run_engine(engine, loaded, job)
+        except EngineSkipped as exc:
+            log.info("engine %s skipped: %s", engine, exc)
+            problem = ("skipped", f"engine {engine}: {exc}")
         except Exception as exc:
             log.error("engine %s failed:\n%s", engine, traceback.format_exc())
             problem = (figures.error_status(exc), f"engine {engine}: {figures.first_line(exc)}")

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from gpulab.llm.models import LoadedModel
 
 
+class EngineSkipped(RuntimeError):
+    """The engine cannot run here (its message says why): its rows are skipped, not failed."""
+
+
 class Engine(Protocol):
     name: str
     summary: str
@@ -322,7 +326,10 @@ class HfCompiledEngine(HfEngine):
         from gpulab.llm.hf_compiled import StaticGenerate
 
         gpu = loaded.model.lm_head.weight.device.type == "cuda"
-        self.settings, self.compile_setting = GraphSettings.resolve(dict(cfg), gpu), cfg["compile"]
+        if cfg["compile"] == "auto" and not gpu:
+            raise EngineSkipped("no GPU: transformers compiles the decode step on an accelerator (llm.compile auto; "
+                                "true compiles it on the CPU, false runs it eagerly)")
+        self.settings = GraphSettings.resolve(dict(cfg), gpu)
         self.no_graphs_why = "llm.graphs off" if cfg["graphs"] == "off" else "no GPU"
         self.static = StaticGenerate(loaded.model, max_len, self.settings.compile, self.settings.graphs,
                                      self.tokenizer.pad_token_id)
@@ -375,7 +382,7 @@ class HfCompiledEngine(HfEngine):
         return self.static.nbytes
 
     @property
-    def graph_mode(self) -> str:  # type: ignore[override]
+    def graph_mode(self) -> str:
         mode = self.static.compile_config.mode
         if not self.static.compiled:
             return "none (eager PyTorch)"
@@ -395,8 +402,6 @@ class HfCompiledEngine(HfEngine):
             step = (f"decode step compiled by transformers (torch.compile mode {config.mode}, fullgraph "
                     f"{config.fullgraph}, dynamic {config.dynamic}), {self.graphs_compiled} graph(s) compiled in the "
                     f"warm-up of {self.prepare_s:.1f} s")
-        elif self.compile_setting == "auto":
-            step = "eager decode step (llm.compile auto: compiled on a GPU only)"
         else:
             step = "eager decode step (llm.compile off)"
         return (f"transformers {transformers.__version__} generate, static KV cache of {self.static.max_len} "
