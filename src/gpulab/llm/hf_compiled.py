@@ -14,7 +14,7 @@ from transformers import CompileConfig, LogitsProcessor, LogitsProcessorList, St
 
 from gpulab.llm.study import Sampling
 
-# The compile modes of the decode step: transformers' default (CUDA graphs), or without graphs (llm.graphs off).
+# The compile modes of the decode step: transformers' default (CUDA graphs), or without them (no GPU, llm.graphs off).
 GRAPHS_MODE, NO_GRAPHS_MODE = "reduce-overhead", "default"
 
 
@@ -55,7 +55,18 @@ class StaticGenerate:
             # tensors and overwrite them on the next replay. One eager step allocates them here.
             model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=True,
                   **{self.cache_kw: self.cache})
+        # The length counters the compiled step reads in place (transformers versions with a tensor counter)
+        self.lengths = [getattr(layer, "cumulative_length", None) for layer in self.cache.layers]
+        self.empty()
+
+    def empty(self) -> None:
+        """The cache emptied, every tensor at its address: a reset that rebinds a tensor length counter (the
+        older layers' reset sets the attribute to 0) would leave the compiled step reading another one, so the
+        counter is put back, zeroed."""
         self.cache.reset()
+        for layer, length in zip(self.cache.layers, self.lengths, strict=True):
+            if isinstance(length, torch.Tensor) and layer.cumulative_length is not length:
+                layer.cumulative_length = length.zero_()
 
     @property
     def nbytes(self) -> int:
@@ -64,7 +75,7 @@ class StaticGenerate:
     def _call_kwargs(self) -> dict[str, Any]:
         """The cache, emptied, and the compile settings, for one call; a new step for the CUDA graphs, so no output
         of an earlier call is taken for a live one."""
-        self.cache.reset()
+        self.empty()
         if not self.compiled:
             return {self.cache_kw: self.cache, "disable_compile": True}
         torch.compiler.cudagraph_mark_step_begin()
@@ -72,7 +83,7 @@ class StaticGenerate:
 
     def prefill(self, ids: torch.Tensor) -> None:
         """transformers' prefill into the emptied cache (eager: transformers never compiles the prefill)."""
-        self.cache.reset()
+        self.empty()
         with torch.no_grad():
             self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self.cache_kw: self.cache})
 
