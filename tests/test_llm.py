@@ -315,6 +315,23 @@ def test_hf_compiled_without_a_gpu_is_skipped_with_the_reason(tiny, tmp_path):
     assert list(kernels["status"]) == ["skipped"]
 
 
+def test_a_failing_compiled_step_becomes_rows_that_say_why(tiny, tmp_path, monkeypatch):
+    from gpulab.llm import hf_compiled
+
+    overwritten = "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."
+
+    def broken(self, ids, **kwargs):  # what the compiled decode step's failure looks like to the engine
+        raise RuntimeError(overwritten)
+
+    monkeypatch.setattr(hf_compiled.StaticGenerate, "generate", broken)
+    run_llm(tiny.resolved, ["hf_compiled"], {**SMALL, "compile": True}, target="local", fingerprint="abc",
+            ceiling=Ceiling(10.0, "read"), out_dir=tmp_path, loaded=tiny)
+    table = LLM.read(tmp_path / "tiny__hf_compiled.csv")
+    assert set(table["status"]) == {"failed"} and len(table) == 5
+    assert set(table["reason"]) == {"engine hf_compiled: RuntimeError: transformers' compiled decode step failed in "
+                                    f"its warm-up (RuntimeError: {overwritten})"}
+
+
 def test_hf_compiled_runs_eagerly_when_told_to(tiny):
     """compile: false: transformers' generate over the static cache, uncompiled; its greedy tokens are the dynamic
     cache's, call after call (the one cache is emptied before each)."""
