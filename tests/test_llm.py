@@ -645,8 +645,8 @@ def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
     csv = FIXTURES / "results" / "h100" / "llm" / "random_Qwen__Qwen2.5-7B-Instruct__{}.csv"
     tok_s = {e: float(LLM.read(str(csv).format(e)).set_index("test").loc["tg128", "tok_s"]) for e in ("fast", "hf")}
     lead = section[:section.index("How these figures were made")]
-    assert (f"fast decodes random:Qwen/Qwen2.5-7B-Instruct on h100 at {tok_s['fast']:,.1f} tok/s, no hf_compiled "
-            f"figure (not measured in this run); {tok_s['fast'] / tok_s['hf']:,.2f}× hf") in lead
+    assert (f"fast decodes random:Qwen/Qwen2.5-7B-Instruct on h100 at {tok_s['fast']:,.1f} tok/s (tg128): no "
+            f"hf_compiled figure (not measured in this run); {tok_s['fast'] / tok_s['hf']:,.2f}× hf") in lead
 
 
 def test_fast_leads_as_a_multiple_of_each_peer_or_says_why_a_peer_has_none():
@@ -665,13 +665,13 @@ def test_fast_leads_as_a_multiple_of_each_peer_or_says_why_a_peer_has_none():
                                 ("hf", "ok", "", 20.0))]
     df = pd.DataFrame(rows)
     ratios = lead_ratios(df)
-    assert list(ratios["figure"]) == ["decode (tg128)", "prefill (pp512)", "study run (study)", "decode (tg32)"]
+    assert list(ratios["figure"]) == ["decode", "prefill", "study run", "decode"]
+    assert list(ratios["test"]) == ["tg128", "pp512", "study", "tg32"]
     assert list(ratios["× hf_compiled"].fillna(-1)) == [2.0, -1, 2.0, -1]
     assert list(ratios["× hf"]) == [6.65, 4.0, 22.5, 1.5]
     assert lead_sentences(df, ratios) == [
-        "fast decodes m on h200 at 266.0 tok/s, 2.00× hf_compiled's; 6.65× hf's (decode (tg128)).",
-        f"fast decodes tiny on cpu at 30.0 tok/s, no hf_compiled figure (failed: {failure}); 1.50× hf's "
-        "(decode (tg32))."]
+        "fast decodes m on h200 at 266.0 tok/s (tg128): 2.00× hf_compiled's; 6.65× hf's.",
+        f"fast decodes tiny on cpu at 30.0 tok/s (tg32): no hf_compiled figure (failed: {failure}); 1.50× hf's."]
 
 
 def test_teacher_bound_is_the_tolerance_or_twice_the_references_own_noise():

@@ -53,7 +53,7 @@ def lead_ratios(df: pd.DataFrame) -> pd.DataFrame:
             if fast is None:
                 continue
             tok_s = _num(fast, "tok_s")
-            row = {"target": target, "model": model, "figure": f"{label} ({fast['test']})", f"{LEAD} tok/s": tok_s}
+            row = {"target": target, "model": model, "figure": label, "test": fast["test"], f"{LEAD} tok/s": tok_s}
             for peer in PEERS:
                 other = _ok_row(tests, peer)
                 row[f"× {peer}"] = tok_s / _num(other, "tok_s") if other is not None else math.nan
@@ -66,7 +66,7 @@ def lead_sentences(df: pd.DataFrame, ratios: pd.DataFrame) -> list[str]:
     none (its status and reason, or no row in this run)."""
     sentences = []
     for row in ratios.to_dict("records"):
-        if not str(row["figure"]).startswith(LEAD_FIGURES["tg"]):
+        if row["figure"] != LEAD_FIGURES["tg"]:
             continue
         parts = []
         for peer in PEERS:
@@ -78,8 +78,8 @@ def lead_sentences(df: pd.DataFrame, ratios: pd.DataFrame) -> list[str]:
             why = "not measured in this run" if peer_rows.empty else \
                 f"{peer_rows.iloc[0]['status']}: {peer_rows.iloc[0]['reason']}"
             parts.append(f"no {peer} figure ({why})")
-        sentences.append(f"{LEAD} decodes {row['model']} on {row['target']} at {row[f'{LEAD} tok/s']:,.1f} tok/s, "
-                         f"{'; '.join(parts)} ({row['figure']}).")
+        sentences.append(f"{LEAD} decodes {row['model']} on {row['target']} at {row[f'{LEAD} tok/s']:,.1f} tok/s "
+                         f"({row['test']}): {'; '.join(parts)}.")
     return sentences
 
 
