@@ -22,7 +22,7 @@ from gpulab.core.device import detect
 from gpulab.core.timing import Timing
 from gpulab.llm import bench, checks, figures, probe, qwen2
 from gpulab.llm.bench import LLM, Sizes, kernels_path, run_llm
-from gpulab.llm.engines import ENGINES, ExactEngine, HfEngine
+from gpulab.llm.engines import ENGINES, ExactEngine, HfCompiledEngine, HfEngine
 from gpulab.llm.exact import ExactDecoder
 from gpulab.llm.fast import FastDecoder
 from gpulab.llm.graphs import GraphSettings
@@ -299,6 +299,94 @@ def test_fused_projections_are_views_transformers_still_uses(tiny):
     assert FastDecoder(tiny.model, 64, [], EAGER).weights.layers[0].wqkv is wqkv  # fused once
 
 
+# -- transformers' own fast path -------------------------------------------------------------------------
+
+
+def test_hf_compiled_without_a_gpu_is_skipped_with_the_reason(tiny, tmp_path):
+    run_llm(tiny.resolved, ["hf_compiled"], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
+            out_dir=tmp_path, loaded=tiny)
+    table = LLM.read(tmp_path / "tiny__hf_compiled.csv")
+    assert sorted(table["test"]) == sorted(["teacher48", "pp24", "ttft24", "tg8", "study"])
+    assert set(table["status"]) == {"skipped"}
+    assert set(table["reason"]) == {"engine hf_compiled: no GPU: transformers compiles the decode step on an "
+                                    "accelerator (llm.compile auto; true compiles it on the CPU, false runs it "
+                                    "eagerly)"}
+    kernels = LLM_KERNELS.read(kernels_path(tmp_path, "tiny", "hf_compiled"))
+    assert list(kernels["status"]) == ["skipped"]
+
+
+def test_a_failing_compiled_step_becomes_rows_that_say_why(tiny, tmp_path, monkeypatch):
+    from gpulab.llm import hf_compiled
+
+    overwritten = "Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run."
+
+    def broken(self, ids, **kwargs):  # what the compiled decode step's failure looks like to the engine
+        raise RuntimeError(overwritten)
+
+    monkeypatch.setattr(hf_compiled.StaticGenerate, "generate", broken)
+    run_llm(tiny.resolved, ["hf_compiled"], {**SMALL, "compile": True}, target="local", fingerprint="abc",
+            ceiling=Ceiling(10.0, "read"), out_dir=tmp_path, loaded=tiny)
+    table = LLM.read(tmp_path / "tiny__hf_compiled.csv")
+    assert set(table["status"]) == {"failed"} and len(table) == 5
+    assert set(table["reason"]) == {"engine hf_compiled: RuntimeError: transformers' compiled decode step failed in "
+                                    f"its warm-up (RuntimeError: {overwritten})"}
+
+
+def test_hf_compiled_runs_eagerly_when_told_to(tiny):
+    """compile: false: transformers' generate over the static cache, uncompiled; its greedy tokens are the dynamic
+    cache's, call after call (the one cache is emptied before each)."""
+    engine = HfCompiledEngine(tiny, 128, EAGER_CFG)
+    assert engine.graph_mode == "none (eager PyTorch)"
+    assert "static KV cache of 128 positions" in engine.detail
+    assert "eager decode step (llm.compile off)" in engine.detail
+    assert engine.kv_cache_bytes == kv_bytes_per_position(tiny.model.config, 2) * 128
+    for ids in (_chat_ids(tiny), torch.randint(0, 700, (1, 9), generator=torch.Generator().manual_seed(5))):
+        assert engine.generate(ids, 16, Sampling.greedy(), stop_at_eos=False) == _hf_greedy(tiny.model, ids, 16)
+    assert engine.first_token(_chat_ids(tiny)) == _hf_greedy(tiny.model, _chat_ids(tiny), 1)[0]
+
+
+def test_hf_compiled_teacher_forcing_runs_through_generate_past_an_end_of_sequence(tiny):
+    """Teacher forcing through generate: the prefill's last position and one decode step per given token, the
+    tokens forced even where one ends a sequence; the verdict names the sequence's positions."""
+    engine = HfCompiledEngine(tiny, 128, EAGER_CFG)
+    ids = _teacher_ids(48)
+    eos = tiny.model.generation_config.eos_token_id
+    ids[[30, 40]] = torch.tensor(eos)
+    logits, chosen = engine.teacher(ids, 24)
+    assert logits.shape == (25, tiny.model.config.vocab_size) and torch.equal(chosen, logits.argmax(-1))
+    reference = HfEngine(tiny).logits(ids, 24)
+    assert float(((logits - reference[23:]).norm(dim=-1) / reference[23:].norm(dim=-1)).max()) < 2e-2
+    check = checks.teacher_forcing(engine, HfEngine(tiny), ids, 2e-2)
+    assert check.ok, check.reason
+    assert check.test == "teacher48" and check.values["n_gen"] == 25 and check.values["worst_position"] >= 23
+    ok, reason, values = checks.compare_logits(logits, (chosen + 1) % logits.shape[1], reference[23:], 2e-2,
+                                               first=23)
+    assert not ok and values["first_mismatch"] >= 23 and f"position {values['first_mismatch']} is" in reason
+
+
+@pytest.mark.slow
+def test_hf_compiled_compiles_its_decode_step_once_for_every_call(tiny):
+    """compile: true on a CPU: transformers compiles the decode step in the warm-up (Inductor's CPU backend, no
+    CUDA graphs), once: the one static cache keeps every later call on that graph, whatever its prompt or its
+    sampling, and the compiled step passes teacher forcing."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # the model's compiled call may hold an earlier test's graph
+    engine = HfCompiledEngine(tiny, 128, {**SMALL, "compile": True})
+    assert engine.graphs_compiled == 1, engine.detail
+    assert "decode step compiled by transformers (torch.compile mode default" in engine.detail
+    assert engine.graph_mode == "none (torch.compile mode default: no GPU)"
+    graphs = counters["stats"]["unique_graphs"]
+    check = checks.teacher_forcing(engine, HfEngine(tiny), _teacher_ids(48), 2e-2)
+    assert check.ok, check.reason
+    for length in (1, 9, 17):
+        ids = torch.randint(0, 700, (1, length), generator=torch.Generator().manual_seed(length))
+        assert len(engine.generate(ids, 12, Sampling.greedy(), stop_at_eos=False)) == 12
+    study = Sampling.study(tiny.model.generation_config, 0.7, 0.9)
+    assert 0 < len(engine.generate(_chat_ids(tiny), 12, study, stop_at_eos=True)) <= 12
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
 # -- sampling -------------------------------------------------------------------------------------------
 
 
@@ -391,6 +479,7 @@ def test_read_only_ceiling_is_used_and_the_copy_ceiling_stands_in_with_a_note(tm
 
 SMALL = {**bench.llm_defaults(), "prompt_tokens": 24, "gen_tokens": 8, "max_new_tokens": 12, "check_tokens": 8,
          "teacher_tokens": 48}
+EAGER_CFG = {**SMALL, "compile": False}  # hf_compiled on a CPU: eager unless compiling is asked for
 FILLED = {
     "pp": ["tok_s", "tok_s_sd", "mean_ms", "n_prompt", "peak_alloc_gib", "peak_reserved_gib", "weight_bytes", "load_s",
            "first_call_ms", "reps", "attn_impl", "sdpa_kernel", "engine_detail", "graph_mode", "aotriton_experimental"],
@@ -401,28 +490,29 @@ FILLED = {
     "greedy": ["tokens_match", "n_gen", "n_prompt"],
     "teacher": ["tokens_match", "logit_rel_err", "worst_position", "ref_self_err", "n_gen"],
 }
-CHECKS = {"hf": [], "fast": ["teacher48"], "fast_exact": ["greedy8"]}
+CHECKS = {"hf": [], "fast": ["teacher48"], "fast_exact": ["greedy8"], "hf_compiled": ["teacher48"]}
 
 
 def test_the_engine_registry_is_what_the_config_and_the_tables_ask():
     from gpulab.llm.profile import LLM_KERNELS
     from gpulab.workflow.config import load_schema, validate_config
 
-    assert list(ENGINES) == ["hf", "fast", "fast_exact"]
+    assert list(ENGINES) == ["hf", "fast", "fast_exact", "hf_compiled"]
     assert load_schema()["properties"]["llm"]["properties"]["engines"]["items"]["enum"] == list(ENGINES)
     assert validate_config({})["llm"]["engines"] == list(ENGINES)
     described = {c.name: c.description for c in [*LLM.columns, *LLM_KERNELS.columns]}
     assert all(name in described["engine"] for name in ENGINES)
     # each engine's correctness check names the rows a failure leaves (bench._outcome_rows)
     assert {name: cls.check_tests(8, 48) for name, cls in ENGINES.items()} == CHECKS
-    with pytest.raises(ValueError, match="unknown engine 'vllm'; expected one of hf, fast, fast_exact"):
+    with pytest.raises(ValueError, match="unknown engine 'vllm'; expected one of hf, fast, fast_exact, hf_compiled"):
         bench.engine_class("vllm")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_every_engine_measures_the_tiny_model(tiny, tmp_path, engine):
-    rows = run_llm(tiny.resolved, [engine], SMALL, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
+    cfg = EAGER_CFG if engine == "hf_compiled" else SMALL  # compiled on a GPU only, unless told
+    rows = run_llm(tiny.resolved, [engine], cfg, target="local", fingerprint="abc", ceiling=Ceiling(10.0, "read"),
                    out_dir=tmp_path, loaded=tiny)
     table = LLM.read(tmp_path / f"tiny__{engine}.csv")
     assert list(table.columns) == LLM.names and len(table) == len(rows)
@@ -551,6 +641,37 @@ def test_report_section_shows_the_study_beside_measured_gpu_rows(tmp_path):
                  "Where the time of a prefill, of a decode token and of a study token goes", "gemv_kernel",
                  "decode_attention_kernel", "not in a kernel"):
         assert text in section, text
+    # It leads with fast's decode speed over its peers', from the same run's rows.
+    csv = FIXTURES / "results" / "h100" / "llm" / "random_Qwen__Qwen2.5-7B-Instruct__{}.csv"
+    tok_s = {e: float(LLM.read(str(csv).format(e)).set_index("test").loc["tg128", "tok_s"]) for e in ("fast", "hf")}
+    lead = section[:section.index("How these figures were made")]
+    assert (f"fast decodes random:Qwen/Qwen2.5-7B-Instruct on h100 at {tok_s['fast']:,.1f} tok/s (tg128): no "
+            f"hf_compiled figure (not measured in this run); {tok_s['fast'] / tok_s['hf']:,.2f}× hf") in lead
+
+
+def test_fast_leads_as_a_multiple_of_each_peer_or_says_why_a_peer_has_none():
+    from gpulab.report.sections.llm import lead_ratios, lead_sentences
+
+    failure = "engine hf_compiled: RuntimeError: transformers' compiled decode step failed in its warm-up"
+    measured = [("fast", "tg128", 266.0), ("hf_compiled", "tg128", 133.0), ("hf", "tg128", 40.0),
+                ("fast", "pp512", 50000.0), ("hf", "pp512", 12500.0), ("fast", "teacher256", None),
+                ("fast", "study", 270.0), ("hf_compiled", "study", 135.0), ("hf", "study", 12.0)]
+    rows = [{"target": "h200", "model": "m", "engine": e, "test": t, "status": "ok", "reason": "", "tok_s": v}
+            for e, t, v in measured]
+    rows.append({"target": "h200", "model": "m", "engine": "hf_compiled", "test": "pp512", "status": "failed",
+                 "reason": failure, "tok_s": None})
+    rows += [{"target": "cpu", "model": "tiny", "engine": e, "test": "tg32", "status": s, "reason": r, "tok_s": v}
+             for e, s, r, v in (("fast", "ok", "", 30.0), ("hf_compiled", "failed", failure, None),
+                                ("hf", "ok", "", 20.0))]
+    df = pd.DataFrame(rows)
+    ratios = lead_ratios(df)
+    assert list(ratios["figure"]) == ["decode", "prefill", "study run", "decode"]
+    assert list(ratios["test"]) == ["tg128", "pp512", "study", "tg32"]
+    assert list(ratios["× hf_compiled"].fillna(-1)) == [2.0, -1, 2.0, -1]
+    assert list(ratios["× hf"]) == [6.65, 4.0, 22.5, 1.5]
+    assert lead_sentences(df, ratios) == [
+        "fast decodes m on h200 at 266.0 tok/s (tg128): 2.00× hf_compiled's; 6.65× hf's.",
+        f"fast decodes tiny on cpu at 30.0 tok/s (tg32): no hf_compiled figure (failed: {failure}); 1.50× hf's."]
 
 
 def test_teacher_bound_is_the_tolerance_or_twice_the_references_own_noise():

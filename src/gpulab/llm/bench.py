@@ -22,7 +22,7 @@ import torch
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.tables import Column, TableSchema, write_atomic
 from gpulab.llm import checks, figures, profile, study
-from gpulab.llm.engines import HfEngine, engine_class, engines_described
+from gpulab.llm.engines import EngineSkipped, HfEngine, engine_class, engines_described
 from gpulab.llm.models import LoadedModel, ResolvedModel, import_transformers, load_model, model_slug
 from gpulab.llm.probe import AOTRITON_VARIABLE, PeakMemory, attention_kernels
 from gpulab.llm.roofline import Ceiling
@@ -54,7 +54,7 @@ LLM = TableSchema(
         Column("peak_reserved_gib", "float", "peak memory held by the caching allocator, GiB (RSS peak on CPU)"),
         Column("mem_counter", "str", "what the memory columns read"),
         Column("weight_bytes", "int", "bytes of all parameters (a tied table once)"),
-        Column("kv_cache_bytes", "int", "bytes of the engine's static KV cache (fast engines)"),
+        Column("kv_cache_bytes", "int", "bytes of the engine's static KV cache (empty for hf's dynamic cache)"),
         Column("bytes_per_token", "int", "bytes a decode step reads: weights without the input embedding table, "
                "plus the KV cache at the test's mean context length"),
         Column("gbps", "float", "achieved GB/s: bytes_per_token x tokens/s (decode rows)"),
@@ -222,13 +222,12 @@ def _step_kernels(engine: Any, bench: figures.Bench, prompts: dict[str, Any], jo
 def _engine_columns(engine: Any, loaded: LoadedModel, job: Job, bench: figures.Bench) -> dict[str, Any]:
     """The columns every row of the engine shares."""
     model = loaded.model
-    decoder = getattr(engine, "decoder", None)
     kernels = attention_kernels(model.config, job.sizes.prompt_tokens, job.info.torch_device,
                                 model.lm_head.weight.dtype, engine.decode_cache_len)
     return {**job.base, "engine": engine.name, "engine_detail": engine.detail, "graph_mode": engine.graph_mode,
             "attn_impl": str(model.config._attn_implementation), "sdpa_kernel": kernels, "load_s": loaded.load_s,
             "mem_counter": bench.memory.counter, "weight_bytes": loaded.weight_bytes,
-            "kv_cache_bytes": decoder.cache.nbytes if decoder is not None else None,
+            "kv_cache_bytes": engine.kv_cache_bytes,
             "ceiling_gbps": job.ceiling.gbps, "ceiling_pattern": job.ceiling.pattern}
 
 
@@ -343,6 +342,9 @@ def _run_one(job: Job, engine: str, loaded: LoadedModel | None, problem: tuple[s
     if not problem:
         try:
             rows, texts, kernels = run_engine(engine, loaded, job)
+        except EngineSkipped as exc:
+            log.info("engine %s skipped: %s", engine, exc)
+            problem = ("skipped", f"engine {engine}: {exc}")
         except Exception as exc:
             log.error("engine %s failed:\n%s", engine, traceback.format_exc())
             problem = (figures.error_status(exc), f"engine {engine}: {figures.first_line(exc)}")

@@ -1,9 +1,10 @@
 """Correctness of the fast engines against transformers, before any of their times is trusted.
 
 - ``greedy<N>`` (``fast_exact``): its first N greedy tokens of the study's prompt equal ``generate``'s.
-- ``teacher<N>`` (``fast``): both engines run the same N-token sequence, its first half as a prefill and
-  the rest as decode steps fed the given tokens (transformers with its own cache, so rounding differences
-  of a prefill against decode steps are not counted against the engine). At every position its float32 logits must be
+- ``teacher<N>`` (``fast``, ``hf_compiled``): both engines run the same N-token sequence, its first half as a
+  prefill and the rest as decode steps fed the given tokens (transformers with its own cache, so rounding differences
+  of a prefill against decode steps are not counted against the engine). At every position the engine gives (fast:
+  all; hf_compiled, through ``generate``: the prefill's last and every decode step) its float32 logits must be
   within ``‖Δ‖/‖ref‖ ≤ bound`` of transformers', and its greedy token must equal transformers' wherever
   transformers' top-2 gap exceeds twice the largest logit error there (beyond that rounding cannot swap the
   two, so a different token is a wrong token choice, not rounding).
@@ -24,15 +25,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from gpulab.llm.engines import FastEngine, HfEngine
 from gpulab.llm.study import Sampling
+
+if TYPE_CHECKING:
+    from gpulab.llm.engines import Engine, HfEngine
 
 # How many times transformers' own rounding noise the engine may differ from it (see the module docstring).
 NOISE_MULTIPLIER = 2.0
+
+
+class TeacherForced(Protocol):
+    """An engine that runs a sequence under teacher forcing (``fast``, ``hf_compiled``)."""
+
+    def teacher(self, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class Check:
     values: dict[str, Any]
 
 
-def greedy_identity(engine: FastEngine, hf: HfEngine, ids: torch.Tensor, n: int) -> tuple[Check, dict[str, Any]]:
+def greedy_identity(engine: Engine, hf: HfEngine, ids: torch.Tensor, n: int) -> tuple[Check, dict[str, Any]]:
     """The engine's greedy tokens against ``generate``'s; the texts for the JSON file."""
     reference = hf.generate(ids, n, Sampling.greedy(), stop_at_eos=False)
     tokens = engine.generate(ids, n, Sampling.greedy(), stop_at_eos=False)
@@ -72,14 +81,15 @@ def error_bound(tolerance: float, ref_self_err: float = 0.0) -> float:
 
 
 def compare_logits(logits: torch.Tensor, chosen: torch.Tensor, reference: torch.Tensor, tolerance: float,
-                   ref_self_err: float = 0.0) -> tuple[bool, str, dict[str, Any]]:
-    """Teacher-forcing verdict from the engine's logits and choices against the reference logits (T, V)."""
+                   ref_self_err: float = 0.0, first: int = 0) -> tuple[bool, str, dict[str, Any]]:
+    """Teacher-forcing verdict from the engine's logits and choices against the reference logits (T, V), their
+    first row the sequence's position ``first`` (the positions named are the sequence's)."""
     delta = logits.float() - reference.float()
     rel = (delta.norm(dim=-1) / reference.norm(dim=-1)).double()
-    worst = int(rel.argmax())
+    worst = first + int(rel.argmax())
     top = reference.topk(2, dim=-1).values
     decisive = (top[:, 0] - top[:, 1]) > 2 * delta.abs().amax(dim=-1)
-    wrong = (decisive & (chosen != reference.argmax(-1))).nonzero().flatten().tolist()
+    wrong = [first + p for p in (decisive & (chosen != reference.argmax(-1))).nonzero().flatten().tolist()]
     values = {"logit_rel_err": float(rel.max()), "worst_position": worst, "tokens_match": not wrong,
               "first_mismatch": wrong[0] if wrong else None, "n_gen": int(reference.shape[0])}
     bound = error_bound(tolerance, ref_self_err)
@@ -90,20 +100,21 @@ def compare_logits(logits: torch.Tensor, chosen: torch.Tensor, reference: torch.
                        f"times not trusted"), values
     if wrong:
         p = wrong[0]
-        return False, (f"teacher forcing: greedy token at position {p} is {int(chosen[p])}, transformers' "
-                       f"{int(reference[p].argmax())}, with a top-2 gap beyond the logit error; times not trusted"), \
-            values
+        return False, (f"teacher forcing: greedy token at position {p} is {int(chosen[p - first])}, transformers' "
+                       f"{int(reference[p - first].argmax())}, with a top-2 gap beyond the logit error; times not "
+                       "trusted"), values
     return True, "", values
 
 
-def teacher_forcing(engine: FastEngine, hf: HfEngine, ids: torch.Tensor, tolerance: float) -> Check:
-    """Teacher forcing of the 1-D sequence ``ids``: half prefill, half decode steps. The row also carries
-    transformers' disagreement with itself (its incremental run against one forward pass): the rounding
-    noise floor of this model, which random weights amplify."""
+def teacher_forcing(engine: TeacherForced, hf: HfEngine, ids: torch.Tensor, tolerance: float) -> Check:
+    """Teacher forcing of the 1-D sequence ``ids``: half prefill, half decode steps, the engine's rows its last
+    positions. The row also carries transformers' disagreement with itself (its incremental run against one
+    forward pass): the rounding noise floor of this model, which random weights amplify."""
     split = max(1, int(ids.numel()) // 2)
     reference = hf.logits(ids, split).cpu()
     full = hf.logits(ids).cpu()
     self_err = float(((reference - full).norm(dim=-1) / full.norm(dim=-1)).max())
-    logits, chosen = engine.decoder.teacher(ids, split)
-    ok, reason, values = compare_logits(logits, chosen, reference, tolerance, self_err)
+    logits, chosen = engine.teacher(ids, split)
+    first = int(ids.numel()) - int(logits.shape[0])
+    ok, reason, values = compare_logits(logits, chosen, reference[first:], tolerance, self_err, first)
     return Check(f"teacher{int(ids.numel())}", ok, reason, {**values, "ref_self_err": self_err})

@@ -1,5 +1,6 @@
 """The engine registry: ``hf`` (transformers' ``generate``, the study's call and the reference), ``fast``
-(:mod:`gpulab.llm.fast`) and ``fast_exact`` (:mod:`gpulab.llm.exact`), behind one small protocol.
+(:mod:`gpulab.llm.fast`), ``fast_exact`` (:mod:`gpulab.llm.exact`) and ``hf_compiled`` (transformers' own fast
+path, :mod:`gpulab.llm.hf_compiled`), behind one small protocol.
 
 :data:`ENGINES` maps each name to its class; the class carries the engine's properties (its one-line summary,
 the correctness check its times wait for, how it is built), so the LLM step, the tuning sweep, the config and
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from gpulab.llm.models import LoadedModel
 
 
+class EngineSkipped(RuntimeError):
+    """The engine cannot run here (its message says why): its rows are skipped, not failed."""
+
+
 class Engine(Protocol):
     name: str
     summary: str
@@ -46,6 +51,9 @@ class Engine(Protocol):
 
     @property
     def decode_cache_len(self) -> int | None: ...
+
+    @property
+    def kv_cache_bytes(self) -> int | None: ...
 
     def prefill(self, ids: torch.Tensor) -> None: ...
 
@@ -76,10 +84,13 @@ class HfEngine:
     graph_mode = "none (eager PyTorch)"
 
     def __init__(self, loaded: LoadedModel) -> None:
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+
+    @property
+    def detail(self) -> str:
         import transformers
 
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self.detail = f"transformers {transformers.__version__} generate, dynamic cache, eager PyTorch"
+        return f"transformers {transformers.__version__} generate, dynamic cache, eager PyTorch"
 
     @classmethod
     def create(cls, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any], study: Sampling,
@@ -105,6 +116,11 @@ class HfEngine:
         """Its decode attention's fixed cache length (None: transformers' attention over the tokens so far)."""
         return None
 
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        """Bytes of its static KV cache (None: transformers' dynamic cache grows with the sequence)."""
+        return None
+
     @_no_grad
     def prefill(self, ids: torch.Tensor) -> None:
         self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
@@ -118,12 +134,15 @@ class HfEngine:
 
         if stop_at_eos:  # the study's call, argument for argument (no attention mask, pad = eos), merged
             # over the model's generation config exactly as the study's was
-            out = self.model.generate(ids, max_new_tokens=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                      pad_token_id=self.tokenizer.eos_token_id)
+            out = self._generate(ids, max_new_tokens=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 pad_token_id=self.tokenizer.eos_token_id)
         else:
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                      pad_token_id=self.tokenizer.pad_token_id, **sampling.generate_kwargs())
+            out = self._generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                 pad_token_id=self.tokenizer.pad_token_id, **sampling.generate_kwargs())
         return out[0, ids.shape[1]:].tolist()
+
+    def _generate(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.model.generate(ids, **kwargs)
 
     def decode_run(self, ids: torch.Tensor, n: int) -> Callable[[], Any]:
         """``n`` greedy tokens after a one-token prompt: ``n`` one-token forward passes (the prefill is one)."""
@@ -211,9 +230,17 @@ class FastEngine:
 
         return checks.teacher_forcing(self, hf, prompts["teacher"], float(cfg["teacher_tolerance"]))
 
+    def teacher(self, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and greedy choices of every position of ``ids`` (1-D) under teacher forcing."""
+        return self.decoder.teacher(ids, split)
+
     @property
     def decode_cache_len(self) -> int | None:
         return int(self.decoder.max_len)
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return int(self.decoder.cache.nbytes)
 
     @property
     def graph_mode(self) -> str:
@@ -283,8 +310,113 @@ class ExactEngine(FastEngine):
         return None
 
 
+class HfCompiledEngine(HfEngine):
+    """The fast path transformers' documentation recommends: ``generate`` over a static KV cache, the decode step
+    compiled by transformers (:mod:`gpulab.llm.hf_compiled`); checked by teacher forcing."""
+
+    name: ClassVar[str] = "hf_compiled"
+    summary: ClassVar[str] = ("transformers' generate over a static KV cache, its decode step compiled by "
+                              "torch.compile (mode reduce-overhead: CUDA graphs), rounding checked by teacher forcing")
+    # Decode tokens of the warm-up call: the compiled step runs once eagerly, is recorded, then replays.
+    WARMUP_TOKENS: ClassVar[int] = 8
+
+    def __init__(self, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any]) -> None:
+        super().__init__(loaded)
+        from gpulab.llm.graphs import GraphSettings
+        from gpulab.llm.hf_compiled import StaticGenerate
+
+        gpu = loaded.model.lm_head.weight.device.type == "cuda"
+        if cfg["compile"] == "auto" and not gpu:
+            raise EngineSkipped("no GPU: transformers compiles the decode step on an accelerator (llm.compile auto; "
+                                "true compiles it on the CPU, false runs it eagerly)")
+        self.settings = GraphSettings.resolve(dict(cfg), gpu)
+        self.no_graphs_why = "llm.graphs off" if cfg["graphs"] == "off" else "no GPU"
+        self.static = StaticGenerate(loaded.model, max_len, self.settings.compile, self.settings.graphs,
+                                     self.tokenizer.pad_token_id)
+        self.graphs_compiled, self.cudagraph_skips, self.prepare_s = self._warm_up()
+
+    @classmethod
+    def create(cls, loaded: LoadedModel, max_len: int, cfg: Mapping[str, Any], study: Sampling,
+               eos_ids: list[int]) -> HfCompiledEngine:
+        return cls(loaded, max_len, cfg)
+
+    def _warm_up(self) -> tuple[int, int, float]:
+        """Compile and record the decode step before any time is taken: the graphs dynamo compiled, the times
+        inductor skipped CUDA graphs, the seconds it took. A failure names the compiled step."""
+        import torch
+        from torch._dynamo.utils import counters
+
+        graphs, skips = counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
+        start = time.perf_counter()
+        if self.static.compiled:
+            ids = torch.zeros((1, 1), dtype=torch.long, device=self.model.lm_head.weight.device)
+            try:
+                self.generate(ids, self.WARMUP_TOKENS, Sampling.greedy(), stop_at_eos=False)
+                if ids.device.type == "cuda":
+                    torch.cuda.synchronize()
+            except Exception as exc:
+                text = str(exc).strip().splitlines()
+                raise RuntimeError(f"transformers' compiled decode step failed in its warm-up ({type(exc).__name__}: "
+                                   f"{text[0] if text else ''})") from exc
+        return (counters["stats"]["unique_graphs"] - graphs, counters["inductor"]["cudagraph_skips"] - skips,
+                time.perf_counter() - start)
+
+    @staticmethod
+    def check_tests(check_tokens: int, teacher_tokens: int) -> list[str]:
+        return [f"teacher{teacher_tokens}"]
+
+    def check(self, hf: HfEngine, prompts: Mapping[str, Any], cfg: Mapping[str, Any], check_tokens: int,
+              texts: dict[str, Any]) -> Check | None:
+        """Teacher forcing of the seeded random sequence against transformers' eager run (:mod:`gpulab.llm.checks`):
+        the compiled step rounds differently from the eager one."""
+        from gpulab.llm import checks
+
+        return checks.teacher_forcing(self, hf, prompts["teacher"], float(cfg["teacher_tolerance"]))
+
+    def teacher(self, ids: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and greedy choices from the prompt's last position on, through ``generate`` itself."""
+        return self.static.teacher(ids, split)
+
+    @property
+    def kv_cache_bytes(self) -> int | None:
+        return self.static.nbytes
+
+    @property
+    def graph_mode(self) -> str:
+        mode = self.static.compile_config.mode
+        if not self.static.compiled:
+            return "none (eager PyTorch)"
+        if mode != "reduce-overhead":
+            return f"none (torch.compile mode {mode}: {self.no_graphs_why})"
+        if self.cudagraph_skips:
+            return (f"off: inductor skipped CUDA graphs {self.cudagraph_skips} time(s) in the warm-up "
+                    "(torch.compile mode reduce-overhead; the log says why)")
+        return "CUDA graph trees of the compiled decode step (torch.compile mode reduce-overhead)"
+
+    @property
+    def detail(self) -> str:
+        import transformers
+
+        config = self.static.compile_config
+        if self.static.compiled:
+            step = (f"decode step compiled by transformers (torch.compile mode {config.mode}, fullgraph "
+                    f"{config.fullgraph}, dynamic {config.dynamic}), {self.graphs_compiled} graph(s) compiled in the "
+                    f"warm-up of {self.prepare_s:.1f} s")
+        else:
+            step = "eager decode step (llm.compile off)"
+        return (f"transformers {transformers.__version__} generate, static KV cache of {self.static.max_len} "
+                f"positions, eager prefill, {step}")
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.static.prefill(ids)
+
+    def _generate(self, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.static.generate(ids, **kwargs)
+
+
 # The engine registry: name -> class (its properties are class attributes); the config's llm.engines.
-ENGINES: dict[str, type[HfEngine] | type[FastEngine]] = {cls.name: cls for cls in (HfEngine, FastEngine, ExactEngine)}
+ENGINES: dict[str, type[HfEngine] | type[FastEngine]] = {
+    cls.name: cls for cls in (HfEngine, FastEngine, ExactEngine, HfCompiledEngine)}
 
 
 def engine_class(name: str) -> type[HfEngine] | type[FastEngine]:

@@ -31,6 +31,57 @@ ENGLISH = {
 SOURCE_LABELS = {"real": "real weights", "random": "random weights (speed and memory only)",
                  "tiny": "tiny built-in model"}
 
+# The section leads with engine fast's tokens/s over its peers' in the same run, per figure.
+LEAD, PEERS = "fast", ("hf_compiled", "hf")
+LEAD_FIGURES = {"tg": "decode", "pp": "prefill", "study": "study run"}
+
+
+def _ok_row(rows: pd.DataFrame, engine: str) -> pd.Series | None:
+    hit = rows[(rows["engine"] == engine) & (rows["status"] == "ok")]
+    return hit.iloc[0] if not hit.empty else None
+
+
+def lead_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """fast's tokens/s over each peer's, per target, model and figure (decode, prefill, the study run); empty
+    where the peer has no ok row of that figure."""
+    kinds = df["test"].astype(str).str.replace(r"\d+$", "", regex=True)
+    rows = []
+    for (target, model), group in df.assign(kind=kinds).groupby(["target", "model"], sort=False):
+        for kind, label in LEAD_FIGURES.items():
+            tests = group[group["kind"] == kind]
+            fast = _ok_row(tests, LEAD)
+            if fast is None:
+                continue
+            tok_s = _num(fast, "tok_s")
+            row = {"target": target, "model": model, "figure": label, "test": fast["test"], f"{LEAD} tok/s": tok_s}
+            for peer in PEERS:
+                other = _ok_row(tests, peer)
+                row[f"× {peer}"] = tok_s / _num(other, "tok_s") if other is not None else math.nan
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def lead_sentences(df: pd.DataFrame, ratios: pd.DataFrame) -> list[str]:
+    """One sentence per target and model: fast's decode speed as a multiple of each peer's, or why a peer has
+    none (its status and reason, or no row in this run)."""
+    sentences = []
+    for row in ratios.to_dict("records"):
+        if row["figure"] != LEAD_FIGURES["tg"]:
+            continue
+        parts = []
+        for peer in PEERS:
+            if not math.isnan(row[f"× {peer}"]):
+                parts.append(f"{row[f'× {peer}']:,.2f}× {peer}'s")
+                continue
+            peer_rows = _tests(df[(df["target"] == row["target"]) & (df["model"] == row["model"])
+                                  & (df["engine"] == peer)], "tg")
+            why = "not measured in this run" if peer_rows.empty else \
+                f"{peer_rows.iloc[0]['status']}: {peer_rows.iloc[0]['reason']}"
+            parts.append(f"no {peer} figure ({why})")
+        sentences.append(f"{LEAD} decodes {row['model']} on {row['target']} at {row[f'{LEAD} tok/s']:,.1f} tok/s "
+                         f"({row['test']}): {'; '.join(parts)}.")
+    return sentences
+
 
 def _label(row: pd.Series) -> str:
     return f"{row['model']} [{row['model_source']}]"
@@ -314,7 +365,9 @@ def build(ctx: Any) -> dict[str, Any] | None:
                                         "graph_mode", "aotriton_experimental", "engine_detail")
                             if c in kernels.columns]]
     sources = sorted(set(df["model_source"].dropna().astype(str)))
+    ratios = lead_ratios(df)
     return {
+        "lead": {"sentences": lead_sentences(df, ratios), "table": ratios},
         "study": study,
         "study_rows": (rows := study_rows(df, responses)),
         "unlike": unlike_rows(rows),
