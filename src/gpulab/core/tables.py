@@ -86,7 +86,7 @@ TIMING_KINDS = {
 LATER_COLUMNS = (
     "stable", "times_ms", "reference_method", "reference_gbps", "reference_times_ms", "energy_j", "power_w",
     "energy_reason", "gb_per_j", "ceiling_spread", "ceiling_method", "above_ceiling", "tflop_per_j", "j_per_token",
-    "tok_per_j", "datasheet_gbps", "pct_of_datasheet", "host_load", "rel_ci", "stop_reason", "flush_bytes",
+    "tok_per_j", "datasheet_gbps", "pct_of_datasheet", "rel_ci", "stop_reason", "flush_bytes", "host_load",
 )
 assert set(TIMING_KINDS) == set(TIMING_COLUMNS), "timing columns drifted from gpulab.core.timing.Timing"
 MEASURE_COLUMNS = (
