@@ -691,13 +691,14 @@ def test_a_cpu_cell_times_the_reference_beside_each_case_and_places_the_case_aga
 @pytest.mark.slow
 def test_torch_compile_cases_timed_in_turn_keep_their_graphs_and_a_recompile_limit_fails_loudly(monkeypatch):
     import gpulab.bench.impls as impls
+    import gpulab.core.compiled as compiled
 
     ok = run_cell("gelu", "torch_compile", shapes=[(64,), (96,)], dtypes=["fp32"], settings=FAST, ctx=ctx(),
                   fingerprint="fp", progress=False)
     assert [r["status"] for r in ok] == ["ok", "ok"]
     # Past dynamo's recompile limit the second case must fail, naming it, not run eager PyTorch unseen.
     torch._dynamo.reset()
-    monkeypatch.setattr(impls, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 1)
     monkeypatch.setattr(impls, "_compiled", {})
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=False):
         rows = run_cell("gelu", "torch_compile", shapes=[(64,), (96,)], dtypes=["fp32"], settings=FAST,

@@ -282,6 +282,8 @@ SWEEP = {
     "mlp": ("mlp={num_steps: 2}", {"mlp_profile": 1}),
     "llm": ("llm={prompt_tokens: 16}", {"llm_infer": 1}),
     "report": ("report={title: another}", {}),
+    # Which CPUs measure is where a job runs, not what it measures: only the report, which records it, follows.
+    "measure_cores": ("measure_cores=2", {}),
     # A target's extra environment reaches every step that runs on its device.
     "targets": ('targets={local: {env: {GPULAB_PROBE: "1"}}}',
                 {"env_capture": 1, "bench_ceilings": 1, "bench_cell": CELLS, "hip_standalone": 1, "extension_build": 1,
