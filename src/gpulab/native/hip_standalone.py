@@ -22,7 +22,7 @@ from typing import Any
 from gpulab.core.device import DeviceInfo, detect, offload_archs, probe
 from gpulab.core.paths import HIP_PROGRAM, PACKAGE_DIR, default_cache_root
 from gpulab.core.tables import Column, TableSchema, write_atomic
-from gpulab.core.timing import TimingSettings, is_stable, summarize
+from gpulab.core.timing import TimingSettings, flush_bytes, is_stable, summarize
 from gpulab.core.tools import ToolResult, run_tool
 
 SOURCE = PACKAGE_DIR / HIP_PROGRAM
@@ -151,10 +151,12 @@ def parse_output(stdout: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
     return device, results
 
 
-def program_args(sizes: Sequence[int], timing: TimingSettings) -> list[str]:
+def program_args(sizes: Sequence[int], timing: TimingSettings, info: DeviceInfo) -> list[str]:
+    # The program flushes as the harness does: twice the device's last-level cache (gpulab.core.timing).
+    flush_mib = math.ceil(flush_bytes(info) / 2**20) if timing.flush_cache else 0
     return ["--sizes", ",".join(str(s) for s in sizes), "--min-time-ms", f"{timing.min_time_s * 1e3:g}",
             "--min-reps", str(timing.min_reps), "--max-reps", str(timing.max_reps),
-            "--warmup", str(timing.warmup_reps), "--flush-mib", "512" if timing.flush_cache else "0"]
+            "--warmup", str(timing.warmup_reps), "--flush-mib", str(flush_mib)]
 
 
 def _raw(result: ToolResult) -> str:
@@ -209,7 +211,7 @@ def run_standalone(
 
     if device is None:
         detect()
-    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing)], timeout_s=timeout_s, env=env)
+    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing, info)], timeout_s=timeout_s, env=env)
     write_atomic(run_log, _raw(ran))
     rows += _run_rows(ran, plan, sizes, timing, {**base, **common, "phase": "run", "log_file": run_name})
     HIP_STANDALONE.write(rows, out_csv)
