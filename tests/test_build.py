@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.core import ops
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.tables import SchemaError
 from gpulab.core.timing import TimingSettings, is_stable
@@ -339,13 +340,12 @@ def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
 
 @pytest.mark.slow
 def test_correctness_check_catches_a_wrong_operator(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = ext_checks._reference
+    gelu_entry = ops.OPS["gelu"]
 
-    def reference_off_by_a_thousandth(op, inputs):
-        ref = real(op, inputs)
-        return ref * (1 + 1e-3) if op == "gelu_tanh" else ref
+    def reference_off_by_a_thousandth(x):
+        return gelu_entry.exact(x) * (1 + 1e-3)
 
-    monkeypatch.setattr(ext_checks, "_reference", reference_off_by_a_thousandth)
+    monkeypatch.setitem(ops.OPS, "gelu", replace(gelu_entry, exact=reference_off_by_a_thousandth))
     rows = ext_checks.check_ops("ci", "fp", device=CPU_TORCH, dtypes=("fp32",))
     gelu = [r for r in rows if r["op"] == "gelu_tanh"]
     assert gelu and all(r["status"] == "incorrect" for r in gelu), [r["shape"] for r in gelu if r["status"] == "ok"]

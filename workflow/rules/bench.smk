@@ -1,3 +1,5 @@
+from gpulab.bench.impls import needs_extension
+
 BENCH_OPS = config["bench"]["ops"]
 BENCH_IMPLS = config["bench"]["impls"]
 BENCH_SIZES = config["bench"]["sizes"]
@@ -43,7 +45,7 @@ rule bench_cell:
         ceilings=result("bench/ceilings.csv"),
         # cpp_ext cells load exactly the library the build step's manifest names.
         extension=lambda w: (
-            [EXTENSION_MANIFEST.format(target=w.target)] if w.impl == "cpp_ext" else []
+            [EXTENSION_MANIFEST.format(target=w.target)] if needs_extension(w.impl) else []
         ),
     output:
         result("bench/cells/{op}__{impl}.csv"),

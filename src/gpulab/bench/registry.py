@@ -38,6 +38,19 @@ BASELINE = "native"
 
 
 @dataclass(frozen=True)
+class Implementation:
+    """The facts of one implementation of every op that the workflow, the tables and the report ask."""
+
+    name: str
+    row_order: int  # its place in the aggregated tables: the baseline first, then by how far from PyTorch
+    colour: int  # its palette slot in every figure (the baseline in the most neutral)
+    needs_extension: bool = False  # its cells load the C++ library the build step's manifest names
+    needs_inductor: bool = False  # its cells start torch.compile's Inductor compile workers first
+    goal: str = ""  # held: it is held to the op's goal (gpulab.core.ops.Goal); reference: the best of these sets it
+    study: tuple[str, float] | None = None  # the lecture's name of it and its ms on GeLU at 2^28 fp32 elements
+
+
+@dataclass(frozen=True)
 class Unavailable:
     """An implementation that cannot run here: ``skipped`` (missing hardware or tool) or ``failed``
     (the tool is there but, e.g., the build broke), with the reason recorded on every row."""
@@ -87,6 +100,7 @@ class Registry:
     def __init__(self) -> None:
         self._impls: dict[tuple[str, str], Impl] = {}
         self._kinds: dict[str, tuple[Impl, OpAvailability | None]] = {}
+        self._facts: dict[str, Implementation] = {}
 
     def register(
         self, op: str, name: str, *, writes_out: bool = False, availability: Availability | None = None
@@ -102,14 +116,17 @@ class Registry:
         return decorate
 
     def register_kind(
-        self, name: str, *, writes_out: bool = False, availability: OpAvailability | None = None,
+        self, facts: Implementation, *, writes_out: bool = False, availability: OpAvailability | None = None,
         ahead: Ahead | None = None,
     ) -> Callable[[Factory], Factory]:
-        """An implementation of every registered op, built from the op's entry (``case.op``)."""
+        """An implementation of every registered op, built from the op's entry (``case.op``), with its facts."""
+        name = facts.name
+
         def decorate(factory: Factory) -> Factory:
             if name in self._kinds:
                 raise ValueError(f"implementation kind {name!r} is already registered")
             self._kinds[name] = (Impl("", name, factory, writes_out, None, _first_line(factory), ahead), availability)
+            self._facts[name] = facts
             return factory
 
         return decorate
@@ -130,6 +147,14 @@ class Registry:
     def kinds(self) -> list[str]:
         """The implementations every op has."""
         return list(self._kinds)
+
+    def implementations(self) -> list[Implementation]:
+        """The facts of the implementations every op has, in registration order."""
+        return list(self._facts.values())
+
+    def implementation(self, name: str) -> Implementation | None:
+        """The facts of one implementation every op has; None for an op-specific one."""
+        return self._facts.get(name)
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._impls or (key[1] in self._kinds and key[0] in OPS)

@@ -30,7 +30,6 @@ from typing import Any
 
 import pandas as pd
 
-import gpulab.bench.impls  # noqa: F401 - registers the implementations
 from gpulab.bench.correctness import (
     CheckResult,
     Prepared,
@@ -40,6 +39,7 @@ from gpulab.bench.correctness import (
     snapshot,
     tolerance_for,
 )
+from gpulab.bench.impls import in_row_order  # importing it registers the implementations
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Impl, Registry
 from gpulab.core import energy
 from gpulab.core.ceilings import (
@@ -149,8 +149,6 @@ BENCH = TableSchema(
     ),
     measured=True,
 )
-# Row order of the aggregated tables: the baseline first, then by how far from PyTorch they are.
-IMPL_ORDER = ("native", "manual", "torch_compile", "triton", "cpp_ext")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -521,7 +519,7 @@ def aggregate(cell_paths: Iterable[str | Path], op: str | None = None) -> pd.Dat
              raised_rows(df), int((df["status"] == "ok").sum()))
     if op is not None:
         df = df[df["op"] == op]
-    order = {name: i for i, name in enumerate(IMPL_ORDER)}
+    order = {name: i for i, name in enumerate(in_row_order())}
     dtype_order = {"fp32": 0, "fp16": 1, "bf16": 2}
     df = df.assign(_impl=df["impl"].map(order).fillna(len(order)), _dtype=df["dtype"].map(dtype_order).fillna(3))
     df = df.sort_values(["target", "_impl", "impl", "numel", "size", "_dtype"], kind="stable")
