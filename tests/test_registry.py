@@ -212,3 +212,43 @@ def test_an_op_registered_with_an_extension_op_is_checked_by_the_extension_step(
     kernel[0] = _scale_by(1.501)  # a kernel a thousandth off is caught at every size
     wrong = EXTENSION_CHECKS.frame(check_ops("local", "fp", device=cpu, dtypes=("fp32",), ops=[spec]))
     assert (wrong["status"] == "incorrect").all()
+
+
+def _schemas() -> dict[str, object]:
+    """Every table schema the steps write, by its module-level name."""
+    from gpulab import toolchains
+    from gpulab.bench import runner, tune
+    from gpulab.core import ceilings
+    from gpulab.core.tables import TableSchema
+    from gpulab.env import capture, runtime_stack
+    from gpulab.llm import bench as llm_bench
+    from gpulab.llm import profile as llm_profile
+    from gpulab.llm import tune as llm_tune
+    from gpulab.mlp import ceilings as mlp_ceilings
+    from gpulab.mlp import profile as mlp_profile
+    from gpulab.native import checks, hip_standalone, step, timing_pitfalls
+
+    modules = (runner, tune, ceilings, capture, runtime_stack, llm_bench, llm_profile, llm_tune, mlp_ceilings,
+               mlp_profile, checks, hip_standalone, step, timing_pitfalls, toolchains)
+    found = {id(value): (f"{m.__name__}.{name}", value) for m in modules for name, value in vars(m).items()
+             if isinstance(value, TableSchema)}
+    return dict(found.values())
+
+
+def test_every_table_schema_knows_the_path_the_workflow_writes_it_at():
+    import json
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    recorded = json.loads((root / "tests" / "fixtures" / "report" / "rule_outputs.json").read_text())
+    outputs = {re.sub(r"\{(\w+),[^}]*\}", r"{\1}", p) for paths in recorded.values() for p in paths}
+    rules = "\n".join(p.read_text() for p in (root / "workflow" / "rules").glob("*.smk"))
+    outputs |= {f"results/{{target}}/{p}" for p in re.findall(r'result\("([^"]+)"\)', rules)}
+    schemas = _schemas()
+    assert len(schemas) >= 17
+    unplaced = {name: s.path for name, s in schemas.items() if f"results/{{target}}/{s.path}" not in outputs}
+    assert not unplaced, unplaced
+    from gpulab.core.ceilings import CEILINGS
+    from gpulab.llm.bench import LLM
+
+    assert CEILINGS.at() == "bench/ceilings.csv" and LLM.at(model="tiny", engine="hf") == "llm/tiny__hf.csv"

@@ -44,6 +44,7 @@ from gpulab.bench.registry import REGISTRY, BenchContext, Case, Impl, Registry
 from gpulab.core import energy
 from gpulab.core.ceilings import (
     BESIDE_THE_CASE,
+    CEILINGS,
     MISS,
     PATTERN_TRANSFERS,
     STATE_COLUMNS,
@@ -118,7 +119,7 @@ BENCH = TableSchema(
                "fastest row of any op of the same pattern, dtype and size where that row beat them all "
                "(ceiling_method then names it)"),
         Column("dedicated_ceiling_gbps", "float", "the best of the dedicated ceiling methods at this size "
-               "(bench/ceilings.csv, or a reference timed beside a case of this size where that was faster)"),
+               f"({CEILINGS.path}, or a reference timed beside a case of this size where that was faster)"),
         Column("ceiling_bytes", "int", "tensor size that ceiling was measured at: tensor_bytes (exact), or the "
                "nearest measured size when the ceilings were measured for another matrix"),
         Column("ceiling_method", "str", "the method that set that ceiling"),
@@ -148,6 +149,7 @@ BENCH = TableSchema(
         *STATE_COLUMNS,
     ),
     measured=True,
+    path="bench/{op}.csv",
 )
 
 

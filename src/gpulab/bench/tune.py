@@ -44,6 +44,7 @@ TUNE_TRITON = TableSchema(
         *BENCH.columns,
     ),
     measured=True,
+    path="tune/triton.csv",
 )
 
 def candidates(case: Case) -> list[tuple[str, dict[str, Any]]]:

@@ -46,6 +46,7 @@ import pandas as pd
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.device import max_tensor_bytes as max_tensor_bytes_of
 from gpulab.core.dtypes import ITEMSIZE, torch_dtype
+from gpulab.core.patterns import MEMORY_PATTERNS, PATTERNS
 from gpulab.core.smi import gpu_state, state_text, throttled
 from gpulab.core.tables import Column, TableSchema
 from gpulab.core.timing import TimingSettings, measure, rotation_sets
@@ -72,6 +73,7 @@ CEILINGS = TableSchema(
         *STATE_COLUMNS,
     ),
     measured=True,
+    path="bench/ceilings.csv",
 )
 # A ceiling method is rated at its fastest decile of repetitions, as STREAM and BabelStream rate a kernel by its best
 # time; the rows it judges keep their medians. Rated by its median, a method that only ties the fastest of a dozen
@@ -84,15 +86,13 @@ def ceiling_rate(amount: float, timing: Mapping[str, Any], unit: float = 1e9) ->
     return amount / (float(timing[CEILING_TIME]) / 1e3) / unit
 
 
-# Tensor-sized transfers per element of each pattern: reads + writes.
-PATTERN_TRANSFERS = {"read": 1, "copy": 2, "add": 3}
-PATTERN_INPUTS = {"read": 1, "copy": 1, "add": 2}
-# The method a CPU bench cell times beside each of its cases, a block of each in turn (``timing.reference``):
-# the runtime's own, which every device has.
-REFERENCE_METHODS = {"read": "torch.sum", "copy": "memcpy", "add": "torch.add"}
+# Per memory pattern (gpulab.core.patterns): tensor-sized transfers per element, tensors read, and the method a CPU
+# bench cell times beside each of its cases, a block of each in turn (``timing.reference``).
+PATTERN_TRANSFERS = {name: PATTERNS[name].transfers for name in MEMORY_PATTERNS}
+PATTERN_INPUTS = {name: PATTERNS[name].inputs for name in MEMORY_PATTERNS}
+REFERENCE_METHODS = {name: PATTERNS[name].reference_method for name in MEMORY_PATTERNS}
 # How a row's ceiling_method names that reference where it set the row's ceiling.
 BESIDE_THE_CASE = "(timed beside the case)"
-MEMORY_PATTERNS = tuple(PATTERN_TRANSFERS)
 MiB = 2**20
 # A size is latency-bound when its ceiling is below this share of the pattern's plateau (its ceiling at the
 # largest measured size): the best method itself cannot approach bandwidth there.
@@ -477,7 +477,7 @@ MISS = Hit(math.nan, math.nan, "", math.nan)
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Lookup of one target's measured ceilings (read from ``bench/ceilings.csv``)."""
+    """Lookup of one target's measured ceilings (read from the table at ``CEILINGS.path``)."""
 
     table: pd.DataFrame
 

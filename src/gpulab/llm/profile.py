@@ -49,6 +49,7 @@ LLM_KERNELS = TableSchema(
         Column("step_us", "float", "mean time of a step in the test's own row (not profiled), microseconds"),
         Column("steps", "int", "steps run under the profiler"),
     ),
+    path="llm/kernels/{model}__{engine}.csv",
 )
 
 

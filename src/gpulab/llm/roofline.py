@@ -3,8 +3,8 @@
 A decode step reads every weight once except the input embedding table, of which it reads one row per
 token: ``bytes_per_token`` = all parameters − the input embedding table (+ the lm_head, counted once; a
 table tied to the lm_head is read whole by the head, so it stays) + the KV cache read at the mean context
-length of the test. The ceiling is the measured read-only bandwidth (``bench/ceilings.csv``, pattern
-``read``); a ceilings table without it falls back to the copy ceiling, said so in ``ceiling_pattern``.
+length of the test. The ceiling is the measured read-only bandwidth (the benchmark matrix's ceilings table,
+pattern ``read``); a ceilings table without it falls back to the copy ceiling, said so in ``ceiling_pattern``.
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ TUNE_FAST = TableSchema(
         _LLM_COLUMNS["seed"],
     ),
     measured=True,
+    path="tune/fast.csv",
 )
 
 

@@ -43,6 +43,7 @@ EXTENSION_CHECKS = TableSchema(
         Column("expected", "str", "bad input: what the call must do (raise naming ..., or return empty)"),
         Column("message", "str", "bad input: the error the call raised, or what it did instead"),
     ),
+    path="build/extension_checks.csv",
 )
 
 # ------------------------------------------------------------------------------------- correctness

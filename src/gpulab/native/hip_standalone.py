@@ -50,6 +50,7 @@ HIP_STANDALONE = TableSchema(
         Column("log_file", "str", "raw output of the phase, next to this table"),
     ),
     measured=True,
+    path="build/hip_standalone.csv",
 )
 
 

@@ -47,6 +47,7 @@ PITFALLS = TableSchema(
         Column("correct", "bool", "cpp_ext's result equals x + y exactly"),
     ),
     measured=True,
+    path="build/timing_pitfalls.csv",
 )
 
 

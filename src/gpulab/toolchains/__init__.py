@@ -49,6 +49,7 @@ KERNEL_RESOURCES = TableSchema(
                "a job runs one compile per core it may use, side by side"),
         Column("cached", "bool", "the outcome was reused from .cache/kernel_compile (same source, compiler, target)"),
     ),
+    path="build/kernel_resources.csv",
 )
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from gpulab.bench.impls import IMPLEMENTATIONS
 from gpulab.bench.registry import BASELINE
-from gpulab.core.ceilings import with_regimes
+from gpulab.core.ceilings import CEILINGS, with_regimes
 from gpulab.core.dtypes import ITEMSIZE
 from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.report import plots
@@ -290,7 +290,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
     frames = {op: df for op, df in frames.items() if not df.empty}
     if not frames:
         return None
-    ceilings = ctx.results.table("bench/ceilings.csv")
+    ceilings = ctx.results.table(CEILINGS.path)
     # Vector sizes read back as integers, softmax shapes as text: one type for the column.
     frames = {op: df.assign(size=df["size"].astype(str)) for op, df in frames.items()}
     targets = [t for t in ctx.results.targets if any(t in set(df["target"]) for df in frames.values())]
