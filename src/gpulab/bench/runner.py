@@ -326,7 +326,7 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
     rows: dict[int, dict[str, Any]] = {}
     pending: list[_Pending] = []
     notes = notes or {}
-    flusher = CacheFlusher(ctx.info, settings.for_device(ctx.info).flush_cache)
+    flusher = CacheFlusher(ctx.info, settings.flush_cache)
     for index, case, seed in cases:
         tolerance = tolerance_for(case.dtype, tolerances)
         try:
@@ -338,7 +338,7 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
                     [p.closure for p in checked.sets], timed, ctx.info, flusher, interleaved=True,
                     footprint_bytes=_set_bytes(case) + _tensor_bytes(case),
                     energy_note=note)
-                if settings.for_device(ctx.info).reference:
+                if settings.reference:
                     _add_reference(checked, settings, ctx.info, flusher)
                 pending.append(checked)
         except Exception as exc:
@@ -366,11 +366,11 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
 
 
 def reference_settings(settings: TimingSettings, info: DeviceInfo) -> TimingSettings:
-    """A share of the case's time and wall budget, and at least REFERENCE_REPS_PER_BLOCK repetitions a block."""
-    resolved = settings.for_device(info)
-    least = max(resolved.min_reps, REFERENCE_REPS_PER_BLOCK * resolved.blocks)
-    return replace(resolved, min_time_s=resolved.min_time_s * REFERENCE_SHARE, min_reps=least,
-                   max_wall_s=float(resolved.max_wall_s) * REFERENCE_SHARE, max_reps=max(resolved.max_reps, least))
+    """A share of the case's time and wall budget (``settings`` resolved for ``info``), and at least
+    REFERENCE_REPS_PER_BLOCK repetitions a block."""
+    least = max(settings.min_reps, REFERENCE_REPS_PER_BLOCK * settings.blocks)
+    return replace(settings, min_time_s=float(settings.min_time_s) * REFERENCE_SHARE, min_reps=least,
+                   max_wall_s=float(settings.max_wall_s) * REFERENCE_SHARE, max_reps=max(settings.max_reps, least))
 
 
 def _add_reference(pending: _Pending, settings: TimingSettings, info: DeviceInfo, flusher: CacheFlusher) -> None:
@@ -421,7 +421,7 @@ def _groups(cases: Sequence[tuple[int, Case, int]], settings: TimingSettings,
         out_bytes = _tensor_bytes(case)
         need = (rotation_sets(settings, info, _set_bytes(case)) + 1) * (_set_bytes(case) + out_bytes)
         need += out_bytes if keeps_gate_output(info) else 0
-        if settings.for_device(info).reference:  # the reference's input sets and outputs, of the same sizes
+        if settings.reference:  # the reference's input sets and outputs, of the same sizes
             need += rotation_sets(settings, info, _set_bytes(case)) * (_set_bytes(case) + out_bytes)
         if used + need > budget:
             groups.append([])
@@ -443,7 +443,7 @@ def run_case(
 ) -> dict[str, Any]:
     """One checked, timed case as a row (without the target/fingerprint columns)."""
     try:
-        row = _time_group([(0, case, seed)], ctx, settings, registry, tolerances)[0]
+        row = _time_group([(0, case, seed)], ctx, settings.for_device(ctx.info), registry, tolerances)[0]
     finally:
         _free_memory(case.device)
     return _with_figures(case, row, ceiling)
@@ -473,6 +473,7 @@ def run_cell(
     """
     from tqdm import tqdm
 
+    settings = settings.for_device(ctx.info)  # auto values resolved once, for every case of the cell
     unavailable = registry.get(op, impl_name).unavailable(ctx)
     cases = [Case(op, impl_name, tuple(shape), dtype, ctx.info.torch_device) for shape in shapes for dtype in dtypes]
     rows: dict[int, dict[str, Any]] = {}
@@ -487,7 +488,7 @@ def run_cell(
                       mininterval=5):
         try:
             rows.update(_time_group(group, ctx, settings, registry, tolerances,
-                                    span_s=float(settings.for_device(ctx.info).min_span_s), notes=notes))
+                                    span_s=float(settings.min_span_s), notes=notes))
         finally:
             _free_memory(ctx.info.torch_device)
     return [_cell_row(case, rows[i], ctx, fingerprint, ceilings) for i, case in enumerate(cases)]

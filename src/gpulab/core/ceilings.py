@@ -282,7 +282,6 @@ def reference_closures(pattern: str, dtype: str, tensor_bytes: int, timing: Timi
 def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mapping[str, Builder | str],
                     timing: TimingSettings, info: DeviceInfo) -> list[dict[str, Any]]:
     """All methods of one pattern at one size and dtype: one row each (the GPU state: see with_state)."""
-    timing = timing.for_device(info)  # the screen scales its settings: auto values resolved first
     moved = PATTERN_TRANSFERS[pattern] * tensor_bytes
     base = {"kind": pattern, "dtype": dtype, "size": str(tensor_bytes), "tensor_bytes": tensor_bytes,
             "bytes_moved": moved}
@@ -426,6 +425,7 @@ def measure_ceilings(
     uses and at the plateau size (``ceilings.copy_mib`` MiB, else the matrix's largest tensor of the dtype,
     else ``max_tensor_bytes``), matmul over its shapes."""
     info = device or detect()
+    timing = timing.for_device(info)  # once for every pattern and size: the screen scales the resolved values
     matrix = matrix or {}
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
     copy_mib = config.get("copy_mib", "auto")
