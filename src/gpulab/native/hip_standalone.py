@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from gpulab.core.device import DeviceInfo, detect, offload_archs, probe
 from gpulab.core.paths import HIP_PROGRAM, PACKAGE_DIR, default_cache_root
 from gpulab.core.tables import Column, TableSchema, write_atomic
 from gpulab.core.timing import TimingSettings, is_stable, summarize
-from gpulab.core.tools import ToolResult, run_tool
+from gpulab.core.tools import ToolResult, find_compiler, run_tool
 
 SOURCE = PACKAGE_DIR / HIP_PROGRAM
 BYTES_PER_ELEMENT = 3 * 4  # two float32 reads and one write
@@ -63,29 +62,13 @@ class StandalonePlan:
     no_gpu_reason: str
 
 
-# Where the toolkits install their compilers when their bin directory is not on PATH.
-TOOLKIT_DIRS = {"hipcc": ("ROCM_PATH", "ROCM_HOME", "/opt/rocm"), "nvcc": ("CUDA_HOME", "CUDA_PATH", "/usr/local/cuda")}
-
-
-def find_compiler(name: str, environ: Mapping[str, str], toolkit_dirs: bool = True) -> str | None:
-    """``name`` on PATH, else in its toolkit's bin directory ($ROCM_PATH, $CUDA_HOME, the default prefix)."""
-    found = shutil.which(name, path=environ.get("PATH", ""))
-    if found or not toolkit_dirs:
-        return found
-    for entry in TOOLKIT_DIRS[name]:
-        prefix = environ.get(entry) if not entry.startswith("/") else entry
-        if prefix and (candidate := Path(prefix) / "bin" / name).is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
 def plan_standalone(
     info: DeviceInfo, pinned: Sequence[str] | None = None, environ: Mapping[str, str] | None = None,
     toolkit_dirs: bool = True,
 ) -> tuple[StandalonePlan | None, str]:
     """Which compiler and arch build the program on this machine, or (None, why none can)."""
     env = os.environ if environ is None else environ
-    hipcc, nvcc = find_compiler("hipcc", env, toolkit_dirs), find_compiler("nvcc", env, toolkit_dirs)
+    hipcc, nvcc = (find_compiler(name, env, toolkit_dirs=toolkit_dirs) for name in ("hipcc", "nvcc"))
     backend = info.build_backend
     if backend == "rocm":
         order = [("hipcc", hipcc)]

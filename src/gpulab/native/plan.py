@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gpulab.core.device import DeviceInfo, detect, offload_archs
 from gpulab.core.paths import KERNELS_DIR, default_cache_root
-from gpulab.core.tools import run_tool
+from gpulab.core.tools import find_compiler, run_tool
 
 SOURCE_DIR = KERNELS_DIR / "ext"
 CPU_SOURCES = ("ops.cpp",)
@@ -109,11 +109,11 @@ def device_compiler(backend: str) -> tuple[str | None, str]:
 
     home, exe_name, what = ((cpp_extension.CUDA_HOME, "nvcc", "the CUDA toolkit matching torch") if backend == "cuda"
                             else (cpp_extension.ROCM_HOME, "hipcc", "ROCm's hipcc"))
-    exe = Path(home, "bin", exe_name) if home else None
-    if exe is None or not exe.exists():
+    exe = find_compiler(exe_name, homes=[home])
+    if exe is None:
         variable = "CUDA_HOME" if backend == "cuda" else "ROCM_HOME"
         return None, f"{exe_name} not found ({variable}={home or 'unset'}); install {what}"
-    return str(exe), ""
+    return exe, ""
 
 
 def pinned_for(backend: str, pinned: Sequence[str] | None) -> list[str]:
