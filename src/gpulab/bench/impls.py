@@ -1,10 +1,9 @@
 """The five implementations every op of the registry (:mod:`gpulab.core.ops`) has, each derived from its entry.
 
-``manual``: the study's unfused PyTorch (one kernel per operator); ``native``: PyTorch's fused op (the
-baseline); ``cpp_ext``: the hand-written HIP/CUDA C++ extension (``torch.ops.gpulab.<ext_op>``, built by the
-extension step); ``triton``: the op's Triton kernel module (``kernels/triton/<op>.py``, its wrapper ``<op>``);
-``torch_compile``: ``torch.compile`` of ``manual``. An op without an extension op or Triton kernels records those
-cells as skipped.
+``manual`` (the study's unfused PyTorch), ``native`` (PyTorch's fused op, the baseline), ``cpp_ext`` (the C++
+extension's ``torch.ops.gpulab.<ext_op>``), ``triton`` (``kernels/triton/<op>.py``) and ``torch_compile`` (of
+``manual``), each registered with its :class:`~gpulab.bench.registry.Implementation` facts. An op without an extension
+op or Triton kernels records those cells as skipped.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The implementations of the ops: each a decorated factory returning a zero-argument closure, so that only the
-op's launch is timed.
+op's launch is timed (loading, compiling and ``out=`` allocation happen in the factory).
 
-A factory takes a :class:`Case` and the case's input tensors (already on the device) and returns a
-zero-argument closure that runs the op once and returns its output. Everything that is not the op
-itself (compilation wrappers, extension loading, output allocation for ``out=`` variants) happens in
-the factory, outside the timed region. ``out`` is a preallocated output the closure must write into,
-or None: implementations registered with ``writes_out=True`` receive the correctness gate's poisoned
-buffer there.
-
-An implementation is registered for one op (``register``) or, derived from the op registry's entry, for every
-op (``register_kind``: the five of :mod:`gpulab.bench.impls`); the op-specific one wins.
+``writes_out=True`` implementations get the correctness gate's poisoned buffer as ``out``. An implementation is
+registered for one op (``register``) or, with its :class:`Implementation` facts, for every op (``register_kind``:
+the five of :mod:`gpulab.bench.impls`); the op-specific one wins.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Run one cell of the matrix (an op x implementation over all sizes and dtypes): check, then time.
 
-Each case is checked by the correctness gate on fresh inputs; only a passing case is timed, with the
-project's one timing function, and what is timed is the very closure that was checked (and, when the
-cache is not flushed, closures over further input sets built the same way). The output of the last
-timed call is checked again and the inputs must still be unchanged (on a CPU, bits identical to the gate's
-output keep the gate's figures: ``check_output_again``). Every case becomes exactly one row
-whatever happens: ``ok``, ``incorrect`` (with its error figures), ``oom`` (the rest goes on),
-``skipped`` (implementation unavailable here, with the reason) or ``failed`` (it raised). Each ok row says
-whether its timing was stable and records the GPU's clocks, temperature, power and throttle reasons
-before and after. It is placed against its access pattern's ceiling at its own tensor size (the ceilings are
-measured at every size of the matrix; the nearest measured size only for a size outside it) and gets a
-``regime``: ``latency`` where that ceiling is below half the pattern's plateau, so bandwidth is not what
-sets the time (no percentage, not judged against the ceiling), else ``bandwidth``. Where ``timing.reference`` is
-on (auto: on a CPU) each case is timed beside its pattern's reference method at its own size and dtype, a block of
-each in turn: the row keeps the reference's times for ``gpulab compare``, and where the reference ran faster than
-the ceilings job's methods (which met the machine at another moment) it is the row's ceiling.
+Each case is gated (:mod:`gpulab.bench.correctness`), timed with the one timing function over the very closure
+that was checked, checked again, and becomes exactly one row whatever happens (ok, incorrect, oom, skipped, failed),
+placed against its pattern's ceiling at its own size with a ``regime``. The method is in docs/methodology/
+(timing.md, ceilings.md, correctness.md).
 """
 
 from __future__ import annotations

@@ -1,33 +1,9 @@
-"""Measured hardware ceilings, per memory-access pattern and for matmul, each the best of several methods.
+"""Measured hardware ceilings, per memory-access pattern (gpulab.core.patterns) and for matmul, each the best of
+several methods timed with the project's timing function.
 
-Numbers from spec sheets are not ceilings, and neither is one method: a ceiling is the fastest of every
-way this machine was measured to do the same accesses, with the project's timing function. Memory
-patterns are measured at the exact tensor sizes the benchmark matrix uses (per pattern and dtype, from
-the same ``resolve_sizes`` the benchmark cells use), so every row is placed against a ceiling taken at
-its own size, plus the largest size, whose rate is the pattern's *plateau* (the bandwidth a large
-transfer reaches; a decode roofline uses the read plateau):
-
-- ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (a sweep over every launch shape the
-  benchmarked Triton kernels take on the device's family: ``kernels/triton/ceiling.py``).
-- ``copy`` (one read, one write): the runtime's memcpy (``copy_``), also replayed from a device graph;
-  ``torch.neg`` into a buffer; Inductor's negation (``torch.compile``, GPUs); a Triton copy (sweep).
-- ``add`` (two reads, one write): ``torch.add`` into a buffer; Inductor's add (``torch.compile``, GPUs); a Triton
-  add (sweep).
-
-The project's C++ extension is judged against these, not one of them: as a method it would make the ceilings wait
-for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method
-still sets the ceiling of its pattern, dtype and size, once for every table (:func:`share_ceilings`).
-
-Where even the best method reaches less than half of the plateau (small tensors: a call takes a few
-microseconds and launch and first-access latency, not bandwidth, set the time) the size is
-*latency-bound*: a percentage of bandwidth means little there, so rows of that size are not given one.
-
-Matmul: ``torch.matmul`` over 4096³, 8192³ and the MLP's own GEMM shapes per dtype (smaller on CPU; the MLP's
-shapes in the MLP's step), and there also one of the MLP's Linear layers forward and backward in each eager
-variant's precision (autocast, bf16 weights, TF32): the path its products take, so its variants are placed against a
-ceiling of their own kind.
-Every method's row is kept (``best`` marks the winner of each pattern, dtype and size), so a reader sees
-which method set each ceiling. Triton needs a GPU: on CPU its rows are ``skipped`` with the reason.
+Memory patterns are measured at every tensor size the benchmark matrix uses plus the plateau size; matmul over square
+and the MLP's GEMM shapes. Every method's row is kept (``best`` marks the winner); a size whose best method reaches
+under half the plateau is latency-bound. The methods are in docs/methodology/ceilings.md.
 """
 
 from __future__ import annotations

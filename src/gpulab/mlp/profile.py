@@ -1,13 +1,8 @@
 """Run the MLP profile of one target: every variant checked, timed, profiled, written to ``mlp/``.
 
-Per variant: the closure that will be timed (an eager step, or the replay of the step captured in a
-CUDA/HIP graph) runs once and its output and last-layer weight gradient are compared with a float64
-reference; a variant that fails is recorded ``incorrect`` and neither timed nor profiled. Then the
-allocator's peak over one step, the closure timed with :func:`gpulab.core.timing.measure` (and the last timed
-call's results checked again), then ``num_steps`` calls under ``torch.profiler`` whose Chrome trace,
-flame-graph stacks, operator table and device kernels are written. A variant that cannot run here (TF32
-off CUDA, graphs without a GPU) or breaks (out of memory, a compiler missing, graph capture refused) is a
-recorded row with its reason; its trace and stacks files say the same.
+Per variant the timed closure (an eager step or a graph replay) is checked against a float64 reference first (a
+failing one is ``incorrect``, neither timed nor profiled), then its peak memory, its timing and ``num_steps`` calls
+under ``torch.profiler`` (trace, stacks, op table, kernels); a variant that cannot run here is a row with its reason.
 """
 
 from __future__ import annotations

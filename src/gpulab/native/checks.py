@@ -1,10 +1,8 @@
-"""The extension step's checks table: every operator against a float64 reference, and every operator
-given bad input, the bad calls in a process of their own so that a crash is a recorded ``failed`` row.
+"""The extension step's checks table: every op of the registry with an extension op against its float64
+reference, and every operator given bad input, the bad calls in a process of their own (a crash is a ``failed`` row).
 
-Correctness: fresh random inputs per case, odd sizes and sub-vector tails, views that are not 16-byte
-aligned, all three dtypes; outputs are poisoned with NaN first. Bad input: each case must raise a
-RuntimeError whose message names the problem (and the offending shape/strides/dtype/device), or, for
-empty tensors, return an empty result of the input's shape.
+Correctness: the entry's inputs at odd sizes, unaligned views, all three dtypes, outputs poisoned with NaN. Bad input:
+a RuntimeError naming the problem and the offending tensor, or an empty result for empty tensors.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The standalone HIP vector-add program (``kernels/hip/vector_add.hip``): build it, run it, record both.
 
-The compiler follows the machine: ``hipcc --offload-arch=<arch>`` where PyTorch is a ROCm build (the
-arch from :func:`gpulab.core.device.offload_archs`: detected, ``HSA_OVERRIDE_GFX_VERSION``, or pinned), ``nvcc``
-(through ``kernels/hip/hip_compat.h``) where it is a CUDA build, and on a CPU-only machine hipcc if it is
-installed (the study's toolchain; gfx90a when no GPU says otherwise), else nvcc. The build is always
-recorded. The program then runs; without a GPU of that kind it fails loudly (it checks every runtime
-call), and the run is recorded as skipped with the detector's reason and the program's own message.
+The compiler follows the machine (:func:`gpulab.core.tools.find_compiler`): hipcc where PyTorch is a ROCm build,
+nvcc through ``hip_compat.h`` where it is a CUDA build, on a CPU-only machine hipcc if installed, else nvcc. The
+build is always recorded; without a GPU of that kind the run is recorded as skipped with both reasons.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What to build: the extension's sources, flags, GPU architectures and toolchain, and their digest.
 
-``kernels/ext/`` holds one set of sources: ``ops.cpp`` (schemas, argument checks, CPU kernels and the GPU
-entry points), ``ops_cuda.cu`` (the device launchers; hipified by PyTorch on ROCm builds) and the headers.
-What is built follows the detected backend (:func:`gpulab.core.device.detect`): a CPU-only library with the
-host compiler on machines without a GPU, otherwise the GPU kernels for the detected architecture only
-(``TORCH_CUDA_ARCH_LIST`` / ``PYTORCH_ROCM_ARCH``; the study's build compiled for eleven AMD
-architectures and took 94 s). The digest covers the sources, flags, architectures, backend, compilers
-and torch version, and names the build directory: a rebuild happens exactly when one of them changes.
+``kernels/ext/`` holds one set of sources (``ops.cpp``, ``ops_cuda.cu``, hipified on ROCm, and headers); a CPU-only
+library without a GPU, else the detected architecture only. The digest (sources, flags, archs, backend, compilers,
+torch) names the build directory: a rebuild happens exactly when one of them changes.
 """
 
 from __future__ import annotations
