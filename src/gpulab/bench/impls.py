@@ -162,7 +162,8 @@ def triton_ahead(cases: Sequence[Case], info: DeviceInfo) -> None:
                 warm(case.shape, torch_dtype(case.dtype), target)
 
 
-@register_kind(Implementation("triton", row_order=3, colour=3, goal="held", study=("Triton kernel", 1.8)),
+@register_kind(Implementation("triton", row_order=3, colour=3, runs_triton_kernels=True, goal="held",
+                              study=("Triton kernel", 1.8)),
                writes_out=True, availability=triton_unavailable, ahead=triton_ahead)
 def triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """The wrapper ``<op>(*inputs, out)`` of the op's Triton kernel module."""
@@ -200,6 +201,12 @@ def needs_extension(impl: str) -> bool:
     """Whether the implementation's cells load the C++ extension (through the build step's manifest)."""
     facts = REGISTRY.implementation(impl)
     return facts is not None and facts.needs_extension
+
+
+def runs_triton_kernels(impl: str) -> bool:
+    """Whether the implementation's cells run the op's Triton kernel module."""
+    facts = REGISTRY.implementation(impl)
+    return facts is not None and facts.runs_triton_kernels
 
 
 def needs_inductor(impl: str) -> bool:

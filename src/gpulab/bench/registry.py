@@ -40,6 +40,7 @@ class Implementation:
     colour: int  # its palette slot in every figure (the baseline in the most neutral)
     needs_extension: bool = False  # its cells load the C++ library the build step's manifest names
     needs_inductor: bool = False  # its cells start torch.compile's Inductor compile workers first
+    runs_triton_kernels: bool = False  # its cells run the op's Triton kernel module (their code: its files)
     goal: str = ""  # held: it is held to the op's goal (gpulab.core.ops.Goal); reference: the best of these sets it
     study: tuple[str, float] | None = None  # the lecture's name of it and its ms on GeLU at 2^28 fp32 elements
 
