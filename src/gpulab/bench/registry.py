@@ -29,6 +29,8 @@ OpAvailability = Callable[["BenchContext", str], "Unavailable | None"]
 Ahead = Callable[[Sequence["Case"], DeviceInfo], None]
 
 BASELINE = "native"
+# What an implementation is to an op's performance goal: nothing, held to it, or one of those it is held against.
+GOAL_ROLES = ("", "held", "reference")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Implementation:
     runs_triton_kernels: bool = False  # its cells run the op's Triton kernel module (their code: its files)
     goal: str = ""  # held: it is held to the op's goal (gpulab.core.ops.Goal); reference: the best of these sets it
     study: tuple[str, float] | None = None  # the lecture's name of it and its ms on GeLU at 2^28 fp32 elements
+
+    def __post_init__(self) -> None:
+        if self.goal not in GOAL_ROLES:
+            raise ValueError(f"implementation {self.name!r}: goal {self.goal!r} is not one of {GOAL_ROLES}")
 
 
 @dataclass(frozen=True)
