@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.core.ceilings import CEILINGS
 from gpulab.core.device import DeviceInfo
 from gpulab.core.tables import StrictModeError, write_atomic
 
@@ -48,8 +49,8 @@ EXPECTED: dict[str, tuple[str, Expectation]] = {
     "build/extension_checks.csv": ("bad-input cases that mix a CPU and a GPU tensor need a GPU",
                                    lambda t, d: (t["kind"] == "bad_input") & (t["status"] == "skipped")
                                    & (not d.gpu_available)),
-    "bench/ceilings.csv": ("Triton ceilings need a GPU",
-                           lambda t, d: (t["status"] == "skipped") & (not d.gpu_available)),
+    CEILINGS.path: ("Triton ceilings need a GPU",
+                    lambda t, d: (t["status"] == "skipped") & (not d.gpu_available)),
     "mlp/summary.csv": ("the variant does not exist on this backend", _mlp_unavailable),
 }
 
