@@ -4,7 +4,9 @@ torch's lock first, and the offline-host command and its presets hold together."
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,22 @@ def offline_run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str
 def test_offline_run_names_bad_input(args, message, tmp_path):
     proc = offline_run(*args, cwd=tmp_path)
     assert proc.returncode == 2 and message in proc.stderr and not proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_offline_run_makes_the_files_named_and_packs_them_in_pieces(tmp_path):
+    """A real run of one step with the quick preset in a copy of the checkout: the pieces join into its results."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT, checkout, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".snakemake", ".cache", "results", "reports", "site", "__pycache__", "*_cache", ".whl"))
+    pack = tmp_path / "pack"
+    proc = subprocess.run(["bash", "env/offline-run.sh", "--pack", str(pack), "--piece-size", "2K", "--time-limit",
+                           "300", "t", "quick", "results/t/env/env.json"], cwd=checkout, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    pieces = sorted(pack.glob("results-t.tgz.part*"))
+    assert len(pieces) > 1 and (pack / "snakemake.log").stat().st_size > 0
+    archive = tmp_path / "joined.tgz"
+    archive.write_bytes(b"".join(p.read_bytes() for p in pieces))
+    with tarfile.open(archive) as tar:
+        assert "results/t/env/env.json" in tar.getnames()
