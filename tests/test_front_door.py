@@ -160,3 +160,9 @@ def test_offline_run_makes_the_files_named_and_packs_them_in_pieces(tmp_path):
     archive.write_bytes(b"".join(p.read_bytes() for p in pieces))
     with tarfile.open(archive) as tar:
         assert "results/t/env/env.json" in tar.getnames()
+
+
+@pytest.mark.parametrize("args", [(), ("gpu",), ("cpu", "--index", "x")])
+def test_lock_sh_names_its_platforms_on_bad_input(args):
+    proc = subprocess.run(["bash", str(ROOT / "env/lock.sh"), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "usage: env/lock.sh {cpu|cpu-dev|cuda|rocm}" in proc.stderr, proc.stderr
