@@ -84,7 +84,9 @@ def test_the_platform_lock_pins_the_torch_its_torch_lock_installs(platform):
 
 
 def install_lines() -> list[tuple[str, str]]:
-    pages = [ROOT / "README.md", ROOT / "env/README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """The install commands users are given (the dated evidence pages keep the commands their runs ran)."""
+    docs = [p for p in sorted((ROOT / "docs").rglob("*.md")) if "evidence" not in p.parts]
+    pages = [ROOT / "README.md", ROOT / "env/README.md", *docs]
     return [(page.relative_to(ROOT).as_posix(), line) for page in pages
             for line in page.read_text(encoding="utf-8").splitlines()
             if re.search(r"pip install --require-hashes -r env/lock/(cpu|cpu-dev|rocm)\.txt", line)]
