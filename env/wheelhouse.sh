@@ -8,9 +8,12 @@
 #   --platform  a wheel platform tag the host accepts (default: manylinux_2_28_x86_64; repeat for more)
 #   PACKAGE     what the host lacks (default: snakemake jsonschema modelscope: a GPU host's PyTorch environment
 #               has torch and the scientific stack; name more when it lacks them)
-# DIR/requirements.txt names the packages; on the host, with the checkout and DIR copied over:
+# DIR/requirements.txt names the packages; on the host, with the checkout and DIR copied over,
+# env/offline-run.sh --wheelhouse DIR TARGET PRESET (DIR .whl is its default) installs them before it runs, as
 #   python3 -m pip install --no-index --find-links DIR -r DIR/requirements.txt
-# pip installs what is missing, resolving against what the host already has, from DIR only.
+# does: pip installs what is missing, resolving against what the host already has, from DIR only. Packages that
+# need torch (accelerate, transformers) resolve from the CUDA lock only, the default: a CPU lock pins torch's
+# +cpu build, which is on PyTorch's index (env/lock/torch-cpu.txt), and this script asks PyPI alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage="usage: env/wheelhouse.sh [--lock FILE] [--python X.Y] [--platform TAG] DIR [PACKAGE ...]"

@@ -73,9 +73,10 @@ def test_the_vocabulary_check_leaves_product_words_alone(line):
 def test_the_readme_is_a_front_door():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= README_MAX_LINES
-    for command in ("pip install --require-hashes -r env/lock/cpu.txt && pip install --no-deps -e . && snakemake "
-                    "--cores 1", "pip install --require-hashes -r env/lock/cpu-dev.txt && pip install --no-deps -e . "
-                    "&& pytest", "docs/img/report-summary.png", "gpulab example-report"):
+    torch_first = "pip install --no-deps --require-hashes -r env/lock/torch-cpu.txt && pip install --require-hashes"
+    for command in (f"{torch_first} -r env/lock/cpu.txt && pip install --no-deps -e . && snakemake --cores 1",
+                    f"{torch_first} -r env/lock/cpu-dev.txt && pip install --no-deps -e . && pytest",
+                    "docs/img/report-summary.png", "gpulab example-report", "env/offline-run.sh"):
         assert command in readme
     for link in re.findall(r"\]\(((?:docs|env)/[^)#]+)", readme):
         assert (ROOT / link).is_file(), f"README links to {link}, which does not exist"
