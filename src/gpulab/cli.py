@@ -95,7 +95,7 @@ def _compare(args: argparse.Namespace, command: str) -> int:
     new, new_name, new_run = _run_or_results(args.new, "new results")
     if baseline.resolve() == new.resolve() or baseline_name == new_name:
         raise Refused("BASELINE and NEW are the same directory (or the same kept run); nothing to compare")
-    title = args.title or f"{config['report']['title']}: {new_name} against {baseline_name}"
+    title = args.title or f"{config['report']['title'] or 'gpulab'}: {new_name} against {baseline_name}"
     min_effect = args.min_effect / 100
     # The changes section reads these from here (keys starting with "_" are not configuration).
     config = {**config, "_min_effect": min_effect, "_across_devices": args.across_devices,

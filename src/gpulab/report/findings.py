@@ -15,14 +15,21 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from gpulab.bench.registry import BASELINE
+from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.core.tables import IDENTIFYING_COLUMNS
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
+from gpulab.report.formats import anchor, size_words
 from gpulab.report.results import ResultsIndex
 
 # The column holding a row's percentage of its measured ceiling (benchmark, MLP and LLM tables).
 PCT_COLUMN = "pct_of_ceiling"
 # Above this a percentage of a ceiling is flagged (a row that set its own ceiling can read 100.00000000000001).
 ABOVE_PCT = 100 + 1e-6
+# Each op's performance goal (its registry entry's ``goal``) is met by these implementations at most this much
+# slower than the best of native and torch_compile in the same cell.
+GOAL_IMPLS = ("triton", "cpp_ext")
+GOAL_SLOWDOWN = 1.03
 PATTERN_WORDS = {"copy": "copy (1 read + 1 write)", "add": "add (2 reads + 1 write)", "read": "read-only"}
 
 
@@ -241,3 +248,44 @@ def verdict(results: ResultsIndex, target: str, ops: tuple[str, ...]) -> dict[st
         else pd.DataFrame()
     return {"bench": bench, "mlp": mlp_verdict(results.read_csv(mlp_path, target)) if mlp_path.is_file() else None,
             "llm": llm_verdict(llm_frame)}
+
+
+# The performance goals -----------------------------------------------------------------------------
+
+
+def goal_rows(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
+    """Each goal cell on each GPU target: % of the pattern's ceiling, ratio to the best of
+    native and torch_compile, and whether both goals are met."""
+    ok = _ok(df) if not df.empty else df
+    if ok.empty:
+        return pd.DataFrame()
+    ok = ok[ok["target"].isin(gpu_targets)]
+    keys = ["target", "op", "size", "dtype"]
+    reference = ok[ok["impl"].isin([BASELINE, "torch_compile"])].groupby(keys)["median_ms"].min()
+    wanted = ok["impl"].isin(GOAL_IMPLS) & pd.Series([_goal_case(r) for r in ok.itertuples(index=False)],
+                                                     index=ok.index, dtype=bool)
+    rows = []
+    for r in ok[wanted].sort_values(["target", "op", "impl", "numel", "dtype"]).itertuples(index=False):
+        best_ms = reference.get((r.target, r.op, r.size, r.dtype), math.nan)
+        slowdown = r.median_ms / best_ms if best_ms == best_ms else math.nan
+        pct_goal = OP_SPECS[r.op].goal.pct
+        misses = [what for what, missed in (("bandwidth", not r.pct_of_ceiling >= pct_goal),
+                                            ("vs native/compile", slowdown > GOAL_SLOWDOWN)) if missed]
+        rows.append({"target": r.target, "op": r.op, "impl": r.impl,
+                     "size": size_words(r.size, r.dtype, r.tensor_bytes), "dtype": r.dtype, "GB/s": r.gbps,
+                     "% of ceiling": r.pct_of_ceiling,
+                     "% of datasheet": getattr(r, "pct_of_datasheet", math.nan), "goal %": pct_goal,
+                     "% slower than best(native, compile)": 100 * (slowdown - 1),
+                     "verdict": "missed: " + ", ".join(misses) if misses else "met",
+                     "anchor": anchor("goal", r.target, r.op, r.impl, r.size, r.dtype)})
+    return pd.DataFrame(rows)
+
+
+def _goal_case(row: Any) -> bool:
+    """Whether a row is one of its op's goal cells: a named shape and dtype, or a large enough input tensor."""
+    goal = OP_SPECS[row.op].goal if row.op in OP_SPECS else None
+    if goal is None:
+        return False
+    if goal.shapes:
+        return str(row.size) in goal.shapes and (not goal.dtypes or row.dtype in goal.dtypes)
+    return float(row.tensor_bytes) >= goal.min_bytes and (not goal.dtypes or row.dtype in goal.dtypes)

@@ -15,7 +15,8 @@ from gpulab.bench.registry import BASELINE
 from gpulab.core.ceilings import with_regimes
 from gpulab.core.dtypes import ITEMSIZE
 from gpulab.core.ops import OPS as OP_SPECS
-from gpulab.report import plots
+from gpulab.report import findings, plots
+from gpulab.report.formats import anchor, method_words, milliseconds, size_words
 
 ORDER = 40
 ID = "bench"
@@ -32,10 +33,6 @@ STUDY_GELU = (
     ("triton", "Triton kernel", 1.8),
     ("torch_compile", "torch.compile(manual_gelu)", 1.47),
 )
-# Each op's performance goal (its registry entry's ``goal``) is met by these implementations at most this much
-# slower than the best of native and torch_compile in the same cell.
-GOAL_IMPLS = ("triton", "cpp_ext")
-GOAL_SLOWDOWN = 1.03
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -138,7 +135,8 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fastest(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest correct implementation per target, size and dtype (incorrect rows never qualify)."""
+    """The fastest correct implementation per target, size and dtype (incorrect rows never qualify); ``anchor``
+    is each row's element id (findings.anchor), which the verdict links to."""
     ok = _ok(df)
     if ok.empty:
         return pd.DataFrame()
@@ -148,10 +146,14 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
                                   best[["target", "size", "dtype", "median_ms"]].itertuples(index=False)])
     best = best.sort_values(["target", "numel", "dtype"])
     return pd.DataFrame({
-        "target": best["target"], "size": best["size"], "dtype": best["dtype"], "fastest": best["impl"],
-        "median ms": best["median_ms"], "GB/s": best["gbps"], "regime": regime_label(best.get("regime")),
-        "% of ceiling": best["pct_of_ceiling"], "ceiling method": best["ceiling_method"], "stable": best["stable"],
-        "× native": best["vs_native"],
+        "target": best["target"],
+        "size": [size_words(s, d, b) for s, d, b in best[["size", "dtype", "tensor_bytes"]].itertuples(index=False)],
+        "fastest": best["impl"], "median time": best["median_ms"].map(milliseconds), "GB/s": best["gbps"],
+        "regime": regime_label(best.get("regime")), "% of ceiling": best["pct_of_ceiling"],
+        "% of datasheet": best.get("pct_of_datasheet"), "ceiling method": best["ceiling_method"].map(method_words),
+        "stable": best["stable"], "× native": best["vs_native"],
+        "anchor": [anchor("fastest", t, o, s, d) for t, o, s, d in best[["target", "op", "size", "dtype"]]
+                   .itertuples(index=False)],
     })
 
 
@@ -206,41 +208,6 @@ def study_gelu(gelu: pd.DataFrame, targets: list[str]) -> pd.DataFrame:
             row[f"{target} × manual"] = manual_ms / ours if ours == ours else math.nan
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
-    """Each goal cell on each GPU target: % of the pattern's ceiling, ratio to the best of
-    native and torch_compile, and whether both goals are met."""
-    ok = _ok(df)
-    if ok.empty:
-        return pd.DataFrame()
-    ok = ok[ok["target"].isin(gpu_targets)]
-    keys = ["target", "op", "size", "dtype"]
-    reference = ok[ok["impl"].isin([BASELINE, "torch_compile"])].groupby(keys)["median_ms"].min()
-    wanted = ok["impl"].isin(GOAL_IMPLS) & pd.Series([_goal_case(r) for r in ok.itertuples(index=False)],
-                                                     index=ok.index, dtype=bool)
-    rows = []
-    for r in ok[wanted].sort_values(["target", "op", "impl", "numel", "dtype"]).itertuples(index=False):
-        best_ms = reference.get((r.target, r.op, r.size, r.dtype), math.nan)
-        slowdown = r.median_ms / best_ms if best_ms == best_ms else math.nan
-        pct_goal = OP_SPECS[r.op].goal.pct
-        misses = [what for what, missed in (("bandwidth", not r.pct_of_ceiling >= pct_goal),
-                                            ("vs native/compile", slowdown > GOAL_SLOWDOWN)) if missed]
-        rows.append({"target": r.target, "op": r.op, "impl": r.impl, "size": r.size, "dtype": r.dtype,
-                     "GB/s": r.gbps, "% of ceiling": r.pct_of_ceiling, "goal %": pct_goal,
-                     "% slower than best(native, compile)": 100 * (slowdown - 1),
-                     "verdict": "missed: " + ", ".join(misses) if misses else "met"})
-    return pd.DataFrame(rows)
-
-
-def _goal_case(row: Any) -> bool:
-    """Whether a row is one of its op's goal cells: a named shape and dtype, or a large enough input tensor."""
-    goal = OP_SPECS[row.op].goal if row.op in OP_SPECS else None
-    if goal is None:
-        return False
-    if goal.shapes:
-        return str(row.size) in goal.shapes and (not goal.dtypes or row.dtype in goal.dtypes)
-    return float(row.tensor_bytes) >= goal.min_bytes and (not goal.dtypes or row.dtype in goal.dtypes)
 
 
 def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, label: str) -> list[plots.Figure]:
@@ -330,7 +297,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "ops": ops,
         "study": study,
         "study_measured": bool(ours.notna().any().any()) if not ours.empty else False,
-        "goals": goals(everything, gpu_targets),
+        "goals": findings.goal_rows(everything, gpu_targets),
         "above_ceiling": above_ceiling(everything),
         "gpu_targets": gpu_targets,
         "ceilings": ceiling_rows,
