@@ -30,6 +30,8 @@ ABOVE_PCT = 100 + 1e-6
 # slower than the best of native and torch_compile in the same cell.
 GOAL_IMPLS = ("triton", "cpp_ext")
 GOAL_SLOWDOWN = 1.03
+# How gpulab.core.ceilings names a ceiling that a benchmarked row set by beating every method at its size.
+OWN_CEILING = "(fastest row; above every method)"
 PATTERN_WORDS = {"copy": "copy (1 read + 1 write)", "add": "add (2 reads + 1 write)", "read": "read-only"}
 
 
@@ -117,6 +119,23 @@ def above_ceiling_in(results: ResultsIndex, prefix: str) -> pd.DataFrame:
     return rows[rows["table"].str.startswith(prefix)].reset_index(drop=True)
 
 
+def grouped_reasons(rows: pd.DataFrame, keys: tuple[str, ...], detail: tuple[str, ...]) -> pd.DataFrame:
+    """Rows that share a reason as one line: the ``keys``, how many rows, and which ``detail`` values they cover
+    (``arch: gfx1100, gfx1151 · compiler: clang``), so a reason repeated over many rows is written once."""
+    keys = tuple(k for k in keys if k in rows.columns)
+    out = []
+    for values, group in rows.groupby(list(keys), sort=False, dropna=False):
+        covers = []
+        for column in (c for c in detail if c in group.columns):
+            seen = [str(v) for v in dict.fromkeys(group[column].dropna()) if str(v) != ""]
+            if seen:
+                more = f" +{len(seen) - 4} more" if len(seen) > 4 else ""
+                covers.append(f"{column}: " + ", ".join(seen[:4]) + more)
+        out.append({**dict(zip(keys, values, strict=True)), "rows": len(group), "covers": " · ".join(covers)})
+    columns = [*[k for k in keys if k != "reason"], "rows", "covers", *(["reason"] if "reason" in keys else [])]
+    return pd.DataFrame(out, columns=[*keys, "rows", "covers"])[columns]
+
+
 def _why_unstable(unstable: pd.DataFrame) -> str:
     """Which part of the stability rule the unstable rows break, in words with the figures."""
     reps = pd.to_numeric(unstable.get("reps"), errors="coerce")
@@ -192,6 +211,10 @@ def op_verdict(frame: pd.DataFrame, op: str) -> dict[str, Any] | None:
     best = ok.loc[ok.groupby(cells)["median_ms"].idxmin()]
     wins = best["impl"].value_counts()
     pct = pd.to_numeric(best.get(PCT_COLUMN), errors="coerce") if PCT_COLUMN in best else pd.Series(dtype=float)
+    # A row that beat every method set its own ceiling: its 100% says nothing, so it is counted, not ranked.
+    own = best.get("ceiling_method", pd.Series("", index=best.index)).astype(str) == \
+        best["op"].astype(str) + " " + best["impl"].astype(str) + " " + OWN_CEILING
+    pct = pct.where(~own)
     top = best.loc[pct.idxmax()] if pct.notna().any() else None
     relative = ok.merge(best[[*cells, "median_ms"]].rename(columns={"median_ms": "best_ms"}), on=cells)
     relative = relative.assign(speed=relative["best_ms"] / relative["median_ms"])
@@ -200,7 +223,7 @@ def op_verdict(frame: pd.DataFrame, op: str) -> dict[str, Any] | None:
     return {
         "op": op, "cells": len(best),
         "wins": [{"impl": impl, "cells": int(n)} for impl, n in wins.items()],
-        "best_pct": float(pct.max()) if top is not None else math.nan,
+        "best_pct": float(pct.max()) if top is not None else math.nan, "own_cells": int(own.sum()),
         "best_at": _describe(top[["impl", "dtype", "size"]]) if top is not None else "",
         "ceiling": PATTERN_WORDS.get(pattern, pattern),
         "laggard": None if laggard is None else {

@@ -20,7 +20,6 @@ TITLE = "Verdict"
 TEMPLATE = "verdict.html.j2"
 # The dtype the first screen's figure draws (every dtype is in the benchmark section).
 FIGURE_DTYPE = "fp32"
-OWN_CEILING = "(fastest row; above every method)"
 
 
 def _number(value: Any) -> float:
@@ -66,7 +65,7 @@ def headline(ctx: Any, frame: pd.DataFrame, op: str, target: str, shaky: dict) -
         return None
     row = ok.loc[pd.to_numeric(ok["gbps"]).idxmax()]
     method = str(row.get("ceiling_method", ""))
-    own = method == f"{op} {row['impl']} {OWN_CEILING}"
+    own = method == f"{op} {row['impl']} {findings.OWN_CEILING}"
     cell = ok[(ok["size"] == row["size"]) & (ok["dtype"] == row["dtype"])].sort_values("gbps", ascending=False)
     ceiling_cv = shaky.get((str(row.get("pattern")), str(row["dtype"]), _number(row.get("ceiling_bytes"))))
     if own and str(row.get("stable")).lower() == "false":
