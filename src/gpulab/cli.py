@@ -1,6 +1,7 @@
 """``gpulab``: render, compare and check reports outside Snakemake.
 
-    gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory
+    gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory; --bundle [ZIP]
+                                                             also zips the page with the files it links to
     gpulab compare BASELINE NEW [-o reports/compare.html] [--min-effect 3] [--fail-on regression]
                    [--across-devices]                        the same report with a verdict per cell; BASELINE
                                                              and NEW are results directories or kept runs
@@ -73,6 +74,14 @@ def _report(args: argparse.Namespace, command: str) -> int:
     output = Path(args.output or config["report"]["output"])
     rendered = render_report(results, output, config, command, title=args.title, workers=available_cores())
     _summarise(rendered)
+    if args.bundle is not None:
+        from gpulab.report.bundle import write_bundle
+
+        bundle = write_bundle(rendered.path, results, Path(args.bundle) if args.bundle else output.with_suffix(".zip"))
+        print(f"bundle written to {bundle.path} ({bundle.files} files, {bundle.size_bytes / 2**20:.2f} MB): the page "
+              "and every results file it links to; unpacked anywhere, its links still open")
+        for href in bundle.outside:
+            print(f"  not in the bundle (outside {results}): {href}")
     return 0
 
 
@@ -249,6 +258,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", help="HTML file to write (default: report.output of the config)")
     report.add_argument("--config", help="config file (default: ./config.yaml)")
     report.add_argument("--title", help="page title")
+    report.add_argument("--bundle", nargs="?", const="", metavar="ZIP",
+                        help="also write one zip archive holding the page and the results files it links to, links "
+                             "relative inside it (default: the output's name with .zip)")
     report.set_defaults(run=_report)
 
     compare = sub.add_parser("compare", help="render the report of NEW with a verdict per cell against BASELINE "

@@ -132,5 +132,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
     gpu_targets = [t for t in ctx.results.targets if (ctx.devices.get(t) or {}).get("gpu_available")]
     goals = findings.goal_rows(everything, gpu_targets) if frames else pd.DataFrame()
     ceilings = ctx.results.table("bench/ceilings.csv")
-    targets = [_target(ctx, t, frames, goals, ceilings) for t in ctx.results.targets]
+    # GPU targets first: theirs are the goals judged, and the first screen should show one.
+    order = sorted(ctx.results.targets, key=lambda t: t not in gpu_targets)
+    targets = [_target(ctx, t, frames, goals, ceilings) for t in order]
     return {"targets": targets, "figure_dtype": FIGURE_DTYPE, "flops": findings.flop_unit(ctx.results)}
