@@ -372,9 +372,11 @@ def bars_by_target(
                 pos = c_i - 0.4 + width * (h_i + 0.5)
                 ax.bar(pos, value, width=width * 0.92, color=colors[h if h is not None else cat], label=h, zorder=2)
                 _bar_marks(ax, cell, pos, width, value, (err_low, err_high), (ceiling_col, ceiling_label))
-                _bar_value(ax, cell, pos, value, value_format, ceiling_col)
+                _bar_value(ax, cell, pos, value, value_format, ceiling_col, err_high)
         _ceiling_lines(ax, ceilings, facet)
-        ax.set_xticks(range(len(shown)), [textwrap.fill(c, 18) for c in shown])
+        crowded = sum(len(c) for c in shown) > 40  # the labels would run into each other across a panel
+        ax.set_xticks(range(len(shown)), [textwrap.fill(c, 18) for c in shown], rotation=30 if crowded else 0,
+                      ha="right" if crowded else "center", rotation_mode="anchor")
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
         ax.margins(y=0.12)
@@ -385,11 +387,14 @@ def bars_by_target(
 
 
 def _bar_value(ax: plt.Axes, cell: pd.DataFrame, pos: float, value: float, value_format: str,
-               ceiling_col: str | None) -> None:
-    """The bar's value above it; in red and said so where the bar is above its own ceiling."""
+               ceiling_col: str | None, err_high: str | None = None) -> None:
+    """The bar's value above it (above its error bar, which it would overlap); in red and said so where the bar is
+    above its own ceiling."""
     top = float(cell[ceiling_col].iloc[0]) if ceiling_col and ceiling_col in cell else math.nan
     above = value > top  # NaN compares false
-    ax.annotate(value_format.format(value) + (" above ceiling" if above else ""), (pos, value), ha="center",
+    high = float(pd.to_numeric(cell[err_high], errors="coerce").iloc[0]) if err_high and err_high in cell else math.nan
+    at = max(value, high) if not math.isnan(high) else value
+    ax.annotate(value_format.format(value) + (" above ceiling" if above else ""), (pos, at), ha="center",
                 va="bottom", fontsize=SMALL_PT, xytext=(0, 2), textcoords="offset points",
                 color=ABOVE_COLOR if above else CEILING_COLOR, fontweight="bold" if above else "normal")
 
