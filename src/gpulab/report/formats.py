@@ -80,7 +80,9 @@ def platform(device: Mapping[str, Any]) -> str:
 
 def platforms_title(devices: Mapping[str, Mapping[str, Any]], prefix: str = "gpulab") -> str:
     """``gpulab: NVIDIA H100 80GB HBM3 and CPU`` from the targets' environment captures."""
-    names = list(dict.fromkeys(platform(d) for d in devices.values() if d))
+    # GPUs first: a run's accelerators are what its page is about.
+    ordered = sorted((d for d in devices.values() if d), key=lambda d: not d.get("gpu_available"))
+    names = list(dict.fromkeys(platform(d) for d in ordered))
     if not names:
         return f"{prefix} report"
     joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
