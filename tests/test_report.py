@@ -266,16 +266,40 @@ def test_gelu_headline_says_when_its_row_set_the_ceiling_it_is_placed_against():
     headline = gelu_headline(ResultsIndex(bench), "h100")
     table = pd.read_csv(bench / "h100/bench/gelu.csv")
     best = table.loc[table["gbps"].idxmax()]
-    assert headline.value == pytest.approx(best["gbps"]) and headline.pct <= 100.0
+    assert headline.value == pytest.approx(best["gbps"]) and not headline.pct > 100.0
     if "fastest row" in best["ceiling_method"]:
         setter = best["ceiling_method"].split(" (")[0]
-        own = setter == f"{best['op']} {best['impl']}"
-        assert headline.pct_of.startswith("the ceiling at its size, which " +
-                                          ("this row set" if own else f"the {setter} row of its bytes set"))
-        assert own == (headline.pct == pytest.approx(100.0))
+        if setter == f"{best['op']} {best['impl']}":  # its own ceiling: no percentage of it, the methods' figure
+            assert math.isnan(headline.pct) and headline.pct_of.startswith("fastest measured; ceiling methods reached")
+        else:
+            assert headline.pct_of.startswith(f"the ceiling at its size, which the {setter} row of its bytes set")
         assert f"{best['dedicated_ceiling_gbps']:,.0f} GB/s" in headline.pct_of
     else:
         assert headline.pct_of == "measured copy ceiling (1 read + 1 write)"
+
+
+def test_no_verdict_judges_a_row_against_the_ceiling_it_set(tmp_path):
+    """Where the fastest row beat every ceiling method at its size it set its own ceiling: the verdict, the summary's
+    card and its sentence say so with the methods' figure and rank by GB/s, never "100% of the ceiling"."""
+    from gpulab.report.sections.summary import gelu_headline
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "bench" / "h100", tmp_path / "results" / "h100")
+    path = tmp_path / "results" / "h100" / "bench" / "gelu.csv"
+    table = pd.read_csv(path)
+    best = table["gbps"].idxmax()
+    own = f"gelu {table.loc[best, 'impl']} {findings.OWN_CEILING}"
+    table.loc[best, ["ceiling_method", "ceiling_gbps", "pct_of_ceiling"]] = [own, table.loc[best, "gbps"], 100.0]
+    table.to_csv(path, index=False)
+    methods = f"{table.loc[best, 'dedicated_ceiling_gbps']:,.0f} GB/s"
+    assert gelu_headline(ResultsIndex(tmp_path / "results"), "h100").pct_of == \
+        f"fastest measured; ceiling methods reached {methods}"
+    assert findings.op_verdict(table, "gelu")["own_cells"] >= 1
+    html = render_report(tmp_path / "results", tmp_path / "r.html", CONFIG, "pytest").path.read_text()
+    verdict = _words(_section_text(html, "verdict"))
+    line = verdict[verdict.index("gelu " + table.loc[best, "impl"]):][:400]
+    assert f"fastest measured; ceiling methods reached {methods}" in line and "100%" not in line.split("ranked")[0]
+    assert "ranked: " + table.loc[best, "impl"] in line
+    assert "fastest thing measured at its size" in _words(_section_text(html, "summary"))
 
 
 def test_gelu_headline_names_the_reference_timed_beside_its_row_when_that_set_the_ceiling(tmp_path):
@@ -401,10 +425,11 @@ def test_two_target_report_is_self_contained_and_complete():
     html = rendered.path.read_text()
     assert rendered.errors == []
     titles = [s["title"] for s in rendered.sections]
-    assert titles[:2] == ["Summary", "Environment & runtime stack"]
+    assert titles[:3] == ["Verdict", "Summary", "Environment & runtime stack"]
     assert "Comparison across targets" in titles and titles[-1] == "Methodology & reproduction"
     assert rendered.size_bytes < SIZE_BUDGET_BYTES
-    assert "<script" not in html
+    # One inline script, which opens folded detail for a link into it and for printing; it loads nothing.
+    assert html.count("<script") == 1 and "<script>" in html and "fetch(" not in html
     # Links a reader may follow are fine; nothing the page itself loads may come from elsewhere.
     sources = re.findall(r"""\ssrc=["']([^"']*)""", html)
     assert sources and all(src.startswith("data:image/png;base64,") for src in sources), "every image is embedded"
@@ -489,7 +514,7 @@ def test_no_results_is_a_clear_error(tmp_path):
 def test_compare_flags_regressions_beyond_the_spread():
     rendered, changed = comparison_report()
     html = rendered.path.read_text()
-    assert [s["id"] for s in rendered.sections][:2] == ["summary", "changes"]
+    assert [s["id"] for s in rendered.sections][:3] == ["verdict", "summary", "changes"]
     assert "Comparison of two runs" in html
     for verdict in (SLOWER, STATUS_CHANGED):
         assert f'<td class="verdict-{verdict.replace(" ", "-")}">{verdict}</td>' in html  # a table cell, not prose
