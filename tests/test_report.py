@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote
 
 import pandas as pd
 import pytest
@@ -551,6 +552,33 @@ def test_report_command_renders_from_a_results_directory(tmp_path):
     out = tmp_path / "again.html"
     assert gpulab_main(["report", str(results), "-o", str(out)]) == 0
     assert "Methodology &amp; reproduction" in out.read_text()
+
+
+def test_a_bundle_keeps_every_link_of_the_page_once_copied_away(tmp_path, capsys):
+    """``--bundle``: one zip of the page and the results files it links to; unpacked elsewhere, every relative link
+    of the page opens a file of the archive, and nothing outside the results folder is taken in."""
+    import zipfile
+
+    results = tmp_path / "run" / "results"
+    shutil.copytree(FIXTURE_RESULTS / "cpu", results / "cpu")
+    (tmp_path / "secret.txt").write_text("not results")
+    (results / "cpu" / "logs" / "elsewhere.log").symlink_to(tmp_path / "secret.txt")
+    page = tmp_path / "run" / "reports" / "report.html"
+    assert gpulab_main(["report", str(results), "-o", str(page), "--bundle"]) == 0
+    assert "bundle written to" in capsys.readouterr().out
+    away = tmp_path / "elsewhere"
+    with zipfile.ZipFile(page.with_suffix(".zip")) as archive:
+        names = archive.namelist()
+        archive.extractall(away)
+    assert "report.html" in names and not any("secret" in n or "elsewhere.log" in n for n in names)
+    html = (away / "report.html").read_text()
+    links = [unquote(h) for h in re.findall(r'href="(?![#/])(?![a-z]+:)([^"]+)"', html)]  # relative ones
+    assert [h for h in links if h.endswith(".log")] and [h for h in links if h.endswith(".csv")]
+    missing = [h for h in links if not (away / h).exists()]
+    assert missing == [], missing
+    assert all(h.startswith("results/cpu/") for h in links)
+    # The original page keeps its links to the results folder beside it.
+    assert '"../results/cpu/' in page.read_text()
 
 
 def test_fixture_tables_still_match_the_steps_schemas():
