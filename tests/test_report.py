@@ -33,7 +33,7 @@ from report_fixtures import (
 )
 
 from gpulab.cli import main as gpulab_main
-from gpulab.report import findings, plots
+from gpulab.report import findings, formats, plots
 from gpulab.report.compare import (
     SLOWER,
     STATUS_CHANGED,
@@ -59,6 +59,37 @@ from gpulab.report.results import ResultsIndex, key_columns
 ])
 def test_numbers_are_formatted_for_readers(value, text):
     assert format_number(value) == text
+
+
+@pytest.mark.parametrize(("size", "dtype", "text"), [
+    ("268435456", "fp32", "1 GiB · 268,435,456 fp32"), ("98432", "bf16", "192 KiB · 98,432 bf16"),
+    ("4096x16384", "bf16", "128 MiB · 4096 × 16384 bf16"), ("1823x781", "fp32", "5.43 MiB · 1823 × 781 fp32"),
+])
+def test_a_size_is_written_one_way_bytes_then_elements(size, dtype, text):
+    assert formats.size_words(size, dtype) == text
+
+
+@pytest.mark.parametrize(("method", "text"), [
+    ("triton b8192 w8", "Triton kernel, 8,192-element blocks, 8 warps"),
+    ("gelu triton (fastest row; above every method)", "the gelu triton row itself, faster than every method"),
+    ("memcpy (graph replay)", "memcpy replayed from a device graph"), ("torch.neg", "torch.neg (elementwise negation)"),
+])
+def test_ceiling_methods_read_as_words(method, text):
+    assert formats.method_words(method) == text
+
+
+def test_times_carry_their_unit():
+    assert [formats.milliseconds(v) for v in (0.0123, 4.03, 1200.0, math.nan)] == ["12.3 µs", "4.03 ms", "1.2 s", "–"]
+
+
+def test_the_title_names_the_platforms_measured_gpus_first():
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "backend": "cuda", "gpu_available": True}
+    cpu = {"name": "AMD EPYC", "backend": "cpu", "gpu_available": False}
+    assert formats.platforms_title({"cpu": cpu, "h100": h100}) == "gpulab: NVIDIA H100 80GB HBM3 and CPU"
+    assert formats.platforms_title({"cpu": cpu}) == "gpulab: CPU"
+    assert formats.platforms_title({}) == "gpulab report"
+    html = cpu_report()
+    assert "<title>gpulab: CPU</title>" in html and "ROCm/HIP" not in html[:html.index("</header>")]
 
 
 # ------------------------------------------------------------------------------------- run deltas

@@ -19,7 +19,7 @@ from gpulab.bench.registry import BASELINE
 from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.core.tables import IDENTIFYING_COLUMNS
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
-from gpulab.report.formats import anchor, size_words
+from gpulab.report.formats import anchor, method_words, size_words
 from gpulab.report.results import ResultsIndex
 
 # The column holding a row's percentage of its measured ceiling (benchmark, MLP and LLM tables).
@@ -108,7 +108,7 @@ def above_ceiling(results: ResultsIndex, target: str) -> pd.DataFrame:
             method = row.get("ceiling_method") or row.get("ceiling_pattern") or row.get("ceiling_dtype") or ""
             rows.append({"target": target, "table": relpath, "row": _describe(row),
                          "% of ceiling": float(pd.to_numeric(row[PCT_COLUMN], errors="coerce")),
-                         "ceiling": str(method) if pd.notna(method) else ""})
+                         "ceiling": method_words(method) if pd.notna(method) else ""})
     return pd.DataFrame(rows, columns=["target", "table", "row", "% of ceiling", "ceiling"])
 
 

@@ -16,7 +16,7 @@ from gpulab.core.ceilings import with_regimes
 from gpulab.core.dtypes import ITEMSIZE
 from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.report import findings, plots
-from gpulab.report.formats import anchor, method_words, milliseconds, size_words
+from gpulab.report.formats import anchor, binary_bytes, method_words, milliseconds, size_words
 
 ORDER = 40
 ID = "bench"
@@ -76,9 +76,14 @@ def unsteady(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def size_label(size: str) -> str:
-    """A size as every figure and heading of this section shows it: elements per tensor in short form
-    (98.4k, 4.19M), or a softmax shape (rows x columns) as it is."""
-    return plots.format_count(float(size)) if str(size).isdigit() else str(size)
+    """A size as the tables and headings of this section show it: elements per tensor (268,435,456), or a softmax
+    shape (4096 × 16384); the figures label each dtype's panel with its bytes (formats.binary_bytes)."""
+    return f"{int(size):,}" if str(size).isdigit() else str(size).replace("x", " × ")
+
+
+def _tick(size: str, dtype: str) -> str:
+    """A size on a dtype's panel: its bytes per tensor (``1 GiB``), a shape as rows × columns."""
+    return binary_bytes(int(size) * ITEMSIZE.get(dtype, 4)) if str(size).isdigit() else str(size).replace("x", "×")
 
 
 def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,
@@ -108,7 +113,7 @@ def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[st
                     label=SAME_SIZE)
         for label, value in ceilings.get(facet, {}).items():
             plots.draw_ceiling(ax, value, label)
-        ax.set_xticks(range(len(order)), [size_label(s) for s in order], rotation=35, ha="right")
+        ax.set_xticks(range(len(order)), [_tick(s, facet) for s in order], rotation=35, ha="right")
         ax.set_title(facet)
         ax.set_xlabel(xlabel)
     for ax in axes[0]:  # once all panels are drawn: on shared axes an earlier call froze the first panel's scale
@@ -186,7 +191,7 @@ def problems(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     grouped = bad.groupby(["target", "impl", "status", "reason"], sort=False)
     return pd.DataFrame([{"target": t, "impl": i, "status": s, "cases": len(g),
-                          "sizes": ", ".join(dict.fromkeys(g["size"].astype(str).map(size_label))), "reason": r}
+                          "sizes": " · ".join(dict.fromkeys(g["size"].astype(str).map(size_label))), "reason": r}
                          for (t, i, s, r), g in grouped])
 
 
@@ -232,7 +237,7 @@ def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, l
         figures.append(size_figure(
             plotted, y="gbps", hue="impl", col="dtype", facets=dtypes, ceilings=lines,
             ylow="gbps_p10", yhigh="gbps_p90", ylabel="GB/s (fewest bytes / median time)",
-            xlabel="shape (rows × columns)" if shape else "elements per tensor",
+            xlabel="shape (rows × columns)" if shape else "bytes per tensor",
             alt=f"{op}: achieved bandwidth against size per implementation and dtype on {label}, with the "
                 f"measured {pattern} ceiling",
             caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dotted, '{SAME_SIZE}': the {pattern} "
@@ -279,7 +284,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
                 "name": target, "label": labels.get(target, target),
                 "figures": op_figures(df, ceilings, op, target, labels.get(target, target)),
                 "counts": mine["status"].value_counts().to_dict(),
-                "sizes": ", ".join(size_label(s) for s in _size_order(mine)),
+                "sizes": " · ".join(size_label(s) for s in _size_order(mine)),
                 "size_words": "elements per tensor" if mine["size"].str.isdigit().all() else "rows × columns",
             })
         ops.append({"op": op, "title": OP_SPECS[op].title, "pattern": OP_SPECS[op].pattern,
