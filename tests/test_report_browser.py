@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from report_fixtures import CONFIG, FIXTURE_RESULTS, FIXTURES, SYNTHETIC_TARGET,
 from gpulab.core.ops import OPS
 from gpulab.report.browser import MAX_SCREENSHOT_HEIGHT, BrowserUnavailable, check_page, find_chromium
 from gpulab.report.example import assemble, render_example
+from gpulab.report.findings import OWN_CEILING
 from gpulab.report.render import discover_sections, render_report
 from gpulab.workflow.config import validate_config
 
@@ -117,7 +119,17 @@ def recorded_pages() -> dict[str, Path]:
     results = assemble(FIXTURES, root / "h100" / "results")
     shutil.rmtree(results / "cpu")
     h100 = render_report(results, root / "h100" / "report.html", CONFIG, "pytest (recorded H100 run)").path
-    return {"example": example, "h100": h100}
+    # The same run changed by the test, so that goals are missed and a fastest row set its own ceiling.
+    changed = root / "h100-changed" / "results"
+    shutil.copytree(results, changed)
+    gelu = pd.read_csv(changed / "h100/bench/gelu.csv")
+    slow = (gelu["impl"] == "triton") & (gelu["tensor_bytes"] >= 2**28)
+    gelu.loc[slow, "pct_of_ceiling"] *= 0.9
+    best = gelu["gbps"].idxmax()
+    gelu.loc[best, ["ceiling_method", "pct_of_ceiling"]] = [f"gelu {gelu.loc[best, 'impl']} {OWN_CEILING}", 100.0]
+    gelu.to_csv(changed / "h100/bench/gelu.csv", index=False)
+    missed = render_report(changed, changed.parent / "report.html", CONFIG, "pytest (changed H100 run)").path
+    return {"example": example, "h100": h100, "h100-changed": missed}
 
 
 def _goal_counts(results: Path) -> dict[tuple[str, str, str], tuple[int, int]]:
@@ -144,7 +156,7 @@ def _goal_counts(results: Path) -> dict[tuple[str, str, str], tuple[int, int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["example", "h100"])
+@pytest.mark.parametrize("name", ["example", "h100", "h100-changed"])
 def test_the_first_screen_gives_the_verdict_and_every_link_on_it_resolves(name):
     html = recorded_pages()[name]
     check = check_page(html, screenshot=ARTIFACTS / f"first-{name}.png", pdf=ARTIFACTS / f"first-{name}.pdf",
@@ -161,6 +173,8 @@ def test_the_first_screen_gives_the_verdict_and_every_link_on_it_resolves(name):
     shown = {(m["target"], m["op"], m["dtype"]): (int(m["met"]), int(m["missed"]))
              for m in check.marked if m["check"] == "goal" and int(m["met"]) + int(m["missed"])}
     assert shown == _goal_counts(html.parent / "results") != {}
+    misses = [m for m in check.marked if m["check"] == "miss"]
+    assert len(misses) == sum(missed for _, missed in shown.values()) and (misses != []) == (name == "h100-changed")
 
     # No verdict reads a percentage of a ceiling the row set itself.
     heads = [m for m in check.marked if m["check"] == "headline"]
@@ -172,4 +186,6 @@ def test_the_first_screen_gives_the_verdict_and_every_link_on_it_resolves(name):
         assert head["own"] == str(own).lower()
         assert f"{best['gbps']:,.0f}" in head["text"]
         if own:
-            assert "fastest measured; ceiling methods reached" in head["text"] and "% of" not in head["text"]
+            assert "fastest measured; ceiling methods reached" in head["text"]
+            assert re.search(r"\b100(\.0+)?% of", head["text"]) is None, head["text"]
+    assert any(h["own"] == "true" for h in heads) == (name == "h100-changed")
