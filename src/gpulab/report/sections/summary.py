@@ -18,7 +18,7 @@ from gpulab.core.ops import OPS
 from gpulab.core.tables import IDENTIFYING_COLUMNS, STATUSES
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 from gpulab.report import findings
-from gpulab.report.formats import binary_bytes, method_words, size_words
+from gpulab.report.formats import anchor, binary_bytes, method_words, size_words
 from gpulab.report.results import ResultsIndex
 
 ORDER = 10
@@ -41,6 +41,7 @@ class Headline:
     pct: float = math.nan
     pct_of: str = ""
     higher_is_better: bool = True
+    href: str = ""  # the row behind the figure, where the page has one
 
     @property
     def measured(self) -> bool:
@@ -102,7 +103,8 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
     own = "fastest row" in str(row.get("ceiling_method", "")) and \
         str(row.get("ceiling_method", "")).split(" (", 1)[0] == f"{row.get('op')} {row.get('impl')}"
     return Headline(base.key, base.label, base.unit, float(row["gbps"]), detail,
-                    math.nan if own else _pct(row, ("pct_of_ceiling",)), _gelu_ceiling_words(row, base.pct_of))
+                    math.nan if own else _pct(row, ("pct_of_ceiling",)), _gelu_ceiling_words(row, base.pct_of),
+                    href="#" + anchor("fastest", target, "gelu", row["size"], row["dtype"]))
 
 
 def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
