@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote
 
 import pandas as pd
 import pytest
@@ -32,7 +33,7 @@ from report_fixtures import (
 )
 
 from gpulab.cli import main as gpulab_main
-from gpulab.report import findings, plots
+from gpulab.report import findings, formats, plots
 from gpulab.report.compare import (
     SLOWER,
     STATUS_CHANGED,
@@ -58,6 +59,37 @@ from gpulab.report.results import ResultsIndex, key_columns
 ])
 def test_numbers_are_formatted_for_readers(value, text):
     assert format_number(value) == text
+
+
+@pytest.mark.parametrize(("size", "dtype", "text"), [
+    ("268435456", "fp32", "1 GiB · 268,435,456 fp32"), ("98432", "bf16", "192 KiB · 98,432 bf16"),
+    ("4096x16384", "bf16", "128 MiB · 4096 × 16384 bf16"), ("1823x781", "fp32", "5.43 MiB · 1823 × 781 fp32"),
+])
+def test_a_size_is_written_one_way_bytes_then_elements(size, dtype, text):
+    assert formats.size_words(size, dtype) == text
+
+
+@pytest.mark.parametrize(("method", "text"), [
+    ("triton b8192 w8", "Triton kernel, 8,192-element blocks, 8 warps"),
+    ("gelu triton (fastest row; above every method)", "the gelu triton row itself, faster than every method"),
+    ("memcpy (graph replay)", "memcpy replayed from a device graph"), ("torch.neg", "torch.neg (elementwise negation)"),
+])
+def test_ceiling_methods_read_as_words(method, text):
+    assert formats.method_words(method) == text
+
+
+def test_times_carry_their_unit():
+    assert [formats.milliseconds(v) for v in (0.0123, 4.03, 1200.0, math.nan)] == ["12.3 µs", "4.03 ms", "1.2 s", "–"]
+
+
+def test_the_title_names_the_platforms_measured_gpus_first():
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "backend": "cuda", "gpu_available": True}
+    cpu = {"name": "AMD EPYC", "backend": "cpu", "gpu_available": False}
+    assert formats.platforms_title({"cpu": cpu, "h100": h100}) == "gpulab: NVIDIA H100 80GB HBM3 and CPU"
+    assert formats.platforms_title({"cpu": cpu}) == "gpulab: CPU"
+    assert formats.platforms_title({}) == "gpulab report"
+    html = cpu_report()
+    assert "<title>gpulab: CPU</title>" in html and "ROCm/HIP" not in html[:html.index("</header>")]
 
 
 # ------------------------------------------------------------------------------------- run deltas
@@ -266,16 +298,40 @@ def test_gelu_headline_says_when_its_row_set_the_ceiling_it_is_placed_against():
     headline = gelu_headline(ResultsIndex(bench), "h100")
     table = pd.read_csv(bench / "h100/bench/gelu.csv")
     best = table.loc[table["gbps"].idxmax()]
-    assert headline.value == pytest.approx(best["gbps"]) and headline.pct <= 100.0
+    assert headline.value == pytest.approx(best["gbps"]) and not headline.pct > 100.0
     if "fastest row" in best["ceiling_method"]:
         setter = best["ceiling_method"].split(" (")[0]
-        own = setter == f"{best['op']} {best['impl']}"
-        assert headline.pct_of.startswith("the ceiling at its size, which " +
-                                          ("this row set" if own else f"the {setter} row of its bytes set"))
-        assert own == (headline.pct == pytest.approx(100.0))
+        if setter == f"{best['op']} {best['impl']}":  # its own ceiling: no percentage of it, the methods' figure
+            assert math.isnan(headline.pct) and headline.pct_of.startswith("fastest measured; ceiling methods reached")
+        else:
+            assert headline.pct_of.startswith(f"the ceiling at its size, which the {setter} row of its bytes set")
         assert f"{best['dedicated_ceiling_gbps']:,.0f} GB/s" in headline.pct_of
     else:
         assert headline.pct_of == "measured copy ceiling (1 read + 1 write)"
+
+
+def test_no_verdict_judges_a_row_against_the_ceiling_it_set(tmp_path):
+    """Where the fastest row beat every ceiling method at its size it set its own ceiling: the verdict, the summary's
+    card and its sentence say so with the methods' figure and rank by GB/s, never "100% of the ceiling"."""
+    from gpulab.report.sections.summary import gelu_headline
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "bench" / "h100", tmp_path / "results" / "h100")
+    path = tmp_path / "results" / "h100" / "bench" / "gelu.csv"
+    table = pd.read_csv(path)
+    best = table["gbps"].idxmax()
+    own = f"gelu {table.loc[best, 'impl']} {findings.OWN_CEILING}"
+    table.loc[best, ["ceiling_method", "ceiling_gbps", "pct_of_ceiling"]] = [own, table.loc[best, "gbps"], 100.0]
+    table.to_csv(path, index=False)
+    methods = f"{table.loc[best, 'dedicated_ceiling_gbps']:,.0f} GB/s"
+    assert gelu_headline(ResultsIndex(tmp_path / "results"), "h100").pct_of == \
+        f"fastest measured; ceiling methods reached {methods}"
+    assert findings.op_verdict(table, "gelu")["own_cells"] >= 1
+    html = render_report(tmp_path / "results", tmp_path / "r.html", CONFIG, "pytest").path.read_text()
+    verdict = _words(_section_text(html, "verdict"))
+    line = verdict[verdict.index("gelu " + table.loc[best, "impl"]):][:400]
+    assert f"fastest measured; ceiling methods reached {methods}" in line and "100%" not in line.split("ranked")[0]
+    assert "ranked: " + table.loc[best, "impl"] in line
+    assert "fastest thing measured at its size" in _words(_section_text(html, "summary"))
 
 
 def test_gelu_headline_names_the_reference_timed_beside_its_row_when_that_set_the_ceiling(tmp_path):
@@ -401,10 +457,11 @@ def test_two_target_report_is_self_contained_and_complete():
     html = rendered.path.read_text()
     assert rendered.errors == []
     titles = [s["title"] for s in rendered.sections]
-    assert titles[:2] == ["Summary", "Environment & runtime stack"]
+    assert titles[:3] == ["Verdict", "Summary", "Environment & runtime stack"]
     assert "Comparison across targets" in titles and titles[-1] == "Methodology & reproduction"
     assert rendered.size_bytes < SIZE_BUDGET_BYTES
-    assert "<script" not in html
+    # One inline script, which opens folded detail for a link into it and for printing; it loads nothing.
+    assert html.count("<script") == 1 and "<script>" in html and "fetch(" not in html
     # Links a reader may follow are fine; nothing the page itself loads may come from elsewhere.
     sources = re.findall(r"""\ssrc=["']([^"']*)""", html)
     assert sources and all(src.startswith("data:image/png;base64,") for src in sources), "every image is embedded"
@@ -489,7 +546,7 @@ def test_no_results_is_a_clear_error(tmp_path):
 def test_compare_flags_regressions_beyond_the_spread():
     rendered, changed = comparison_report()
     html = rendered.path.read_text()
-    assert [s["id"] for s in rendered.sections][:2] == ["summary", "changes"]
+    assert [s["id"] for s in rendered.sections][:3] == ["verdict", "summary", "changes"]
     assert "Comparison of two runs" in html
     for verdict in (SLOWER, STATUS_CHANGED):
         assert f'<td class="verdict-{verdict.replace(" ", "-")}">{verdict}</td>' in html  # a table cell, not prose
@@ -526,6 +583,33 @@ def test_report_command_renders_from_a_results_directory(tmp_path):
     out = tmp_path / "again.html"
     assert gpulab_main(["report", str(results), "-o", str(out)]) == 0
     assert "Methodology &amp; reproduction" in out.read_text()
+
+
+def test_a_bundle_keeps_every_link_of_the_page_once_copied_away(tmp_path, capsys):
+    """``--bundle``: one zip of the page and the results files it links to; unpacked elsewhere, every relative link
+    of the page opens a file of the archive, and nothing outside the results folder is taken in."""
+    import zipfile
+
+    results = tmp_path / "run" / "results"
+    shutil.copytree(FIXTURE_RESULTS / "cpu", results / "cpu")
+    (tmp_path / "secret.txt").write_text("not results")
+    (results / "cpu" / "logs" / "elsewhere.log").symlink_to(tmp_path / "secret.txt")
+    page = tmp_path / "run" / "reports" / "report.html"
+    assert gpulab_main(["report", str(results), "-o", str(page), "--bundle"]) == 0
+    assert "bundle written to" in capsys.readouterr().out
+    away = tmp_path / "elsewhere"
+    with zipfile.ZipFile(page.with_suffix(".zip")) as archive:
+        names = archive.namelist()
+        archive.extractall(away)
+    assert "report.html" in names and not any("secret" in n or "elsewhere.log" in n for n in names)
+    html = (away / "report.html").read_text()
+    links = [unquote(h) for h in re.findall(r'href="(?![#/])(?![a-z]+:)([^"]+)"', html)]  # relative ones
+    assert [h for h in links if h.endswith(".log")] and [h for h in links if h.endswith(".csv")]
+    missing = [h for h in links if not (away / h).exists()]
+    assert missing == [], missing
+    assert all(h.startswith("results/cpu/") for h in links)
+    # The original page keeps its links to the results folder beside it.
+    assert '"../results/cpu/' in page.read_text()
 
 
 def test_fixture_tables_still_match_the_steps_schemas():

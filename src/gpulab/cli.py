@@ -1,8 +1,9 @@
 """``gpulab``: render, compare and check reports outside Snakemake.
 
-Commands: ``report`` (re-render from a results directory), ``compare BASELINE NEW`` (the report with a verdict per
-cell; results directories or kept runs such as ``results/local@<run>``), ``history`` (the runs kept of each
-target), ``check-report`` (open it in headless Chromium), ``example-report`` (the recorded H100 and CPU runs).
+Commands: ``report`` (re-render from a results directory; ``--bundle`` zips it with the files it links to),
+``compare BASELINE NEW`` (the report with a verdict per cell; results directories or kept runs such as
+``results/local@<run>``), ``history`` (the runs kept of each target), ``check-report`` (open it in headless
+Chromium), ``example-report`` (the recorded H100 and CPU runs).
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def _report(args: argparse.Namespace, command: str) -> int:
     output = Path(args.output or config["report"]["output"])
     rendered = render_report(results, output, config, command, title=args.title, workers=available_cores())
     _summarise(rendered)
+    if args.bundle is not None:
+        from gpulab.report.bundle import write_bundle
+
+        bundle = write_bundle(rendered.path, results, Path(args.bundle) if args.bundle else output.with_suffix(".zip"))
+        print(f"bundle written to {bundle.path} ({bundle.files} files, {bundle.size_bytes / 2**20:.2f} MB): the page "
+              "and every results file it links to; unpacked anywhere, its links still open")
+        for href in bundle.outside:
+            print(f"  not in the bundle (outside {results}): {href}")
     return 0
 
 
@@ -90,7 +99,7 @@ def _compare(args: argparse.Namespace, command: str) -> int:
     new, new_name, new_run = _run_or_results(args.new, "new results")
     if baseline.resolve() == new.resolve() or baseline_name == new_name:
         raise Refused("BASELINE and NEW are the same directory (or the same kept run); nothing to compare")
-    title = args.title or f"{config['report']['title']}: {new_name} against {baseline_name}"
+    title = args.title or f"{config['report']['title'] or 'gpulab'}: {new_name} against {baseline_name}"
     min_effect = args.min_effect / 100
     # The changes section reads these from here (keys starting with "_" are not configuration).
     config = {**config, "_min_effect": min_effect, "_across_devices": args.across_devices,
@@ -244,6 +253,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", help="HTML file to write (default: report.output of the config)")
     report.add_argument("--config", help="config file (default: ./config.yaml)")
     report.add_argument("--title", help="page title")
+    report.add_argument("--bundle", nargs="?", const="", metavar="ZIP",
+                        help="also write one zip archive holding the page and the results files it links to, links "
+                             "relative inside it (default: the output's name with .zip)")
     report.set_defaults(run=_report)
 
     compare = sub.add_parser("compare", help="render the report of NEW with a verdict per cell against BASELINE "

@@ -89,7 +89,7 @@ def native_add() -> Callable[..., torch.Tensor]:
 class Goal:
     """A performance goal of an op's Triton and C++ kernels (set for an H100): ``pct`` of the pattern's measured
     ceiling at the named shapes and dtypes, or, where none are named, at input tensors of ``min_bytes`` and more;
-    and at most GOAL_SLOWDOWN slower than the best of native and torch_compile (gpulab.report.sections.bench)."""
+    and at most GOAL_SLOWDOWN slower than the best of native and torch_compile (gpulab.report.findings)."""
 
     pct: float
     shapes: tuple[str, ...] = ()

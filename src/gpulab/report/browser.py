@@ -1,11 +1,8 @@
-"""Open a report in headless Chromium and check it the way a reader's browser sees it.
+"""Open a report in headless Chromium (the system's, through Playwright) and check it as a reader's browser sees it.
 
-Playwright drives the system's Chromium (``executable_path``; Playwright's own browser downloads are not
-used), so the check sees what a user's browser would: console errors and uncaught
-exceptions, every network request the page makes (a self-contained report makes none besides
-loading itself and its ``data:`` images), whether every image really decodes, whether every section
-heading of the table of contents is on the page, whether the page overflows sideways, and whether
-the collapsed tables open up when printed. It keeps a full-page screenshot and a PDF print.
+Console errors, network requests (a self-contained page makes none), images that do not decode, contents entries
+without their section, a page wider than the window, first-screen links that resolve nowhere, tables that run past
+their box on screen or in print, and folded detail that stays hidden in print. Keeps a screenshot and a PDF.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from playwright.sync_api import ConsoleMessage, Page, Request, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
@@ -24,7 +22,9 @@ from playwright.sync_api import Error as PlaywrightError
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 # Playwright launches headless, without the sandbox, background networking or first-run pages already.
 CHROMIUM_FLAGS = ("--disable-gpu",)
-VIEWPORT = (1280, 900)
+VIEWPORT = (1280, 800)  # the first screen: what a reader sees before scrolling
+# The printed page's width in CSS px: A4 (210 mm) less the page's 12 mm margins each side, at 96 px per inch.
+PRINT_WIDTH = round((210 - 24) / 25.4 * 96)
 MAX_SCREENSHOT_HEIGHT = 40000  # px; longer pages are cut (and said so) to keep the PNG a sane size
 # Console message types that count as errors and warnings (as the browser's console shows them).
 ERROR_TYPES = {"error", "assert"}
@@ -42,6 +42,19 @@ def find_chromium() -> str:
             return path
     raise BrowserUnavailable("no Chromium found; install chromium (apt-get install chromium) or set GPULAB_CHROMIUM")
 
+
+# Tables a reader sees whose content runs past their box (sideways, or in print down past a scroll box).
+OVERFLOW_JS = r"""
+() => [...document.querySelectorAll("table")].map(t => {
+  const box = t.closest(".table-wrap") || t.parentElement;
+  if (!box.checkVisibility()) return null;
+  const print = matchMedia("print").matches;
+  const wide = box.scrollWidth - box.clientWidth, tall = box.scrollHeight - box.clientHeight;
+  if (wide <= 1 && !(print && tall > 1)) return null;
+  const head = (t.querySelector("thead") || t).textContent.replace(/\s+/g, " ").trim().slice(0, 60);
+  return `${head} (${wide > 1 ? wide + " px too wide" : tall + " px cut off"})`;
+}).filter(x => x)
+"""
 
 # Runs in the page after load: everything a reader would stumble over that the DOM can tell.
 PAGE_CHECK_JS = r"""
@@ -64,12 +77,23 @@ PAGE_CHECK_JS = r"""
   });
   const seen = new Set(), duplicates = new Set();
   for (const el of document.querySelectorAll("[id]")) { if (seen.has(el.id)) duplicates.add(el.id); seen.add(el.id); }
+  const first_links = [...document.querySelectorAll("a[href]")].filter(a => {
+    const r = a.getBoundingClientRect();
+    return a.checkVisibility() && r.width > 0 && r.bottom > 0 && r.top < window.innerHeight;
+  }).map(a => {
+    const href = a.getAttribute("href") || "";
+    const inPage = href.startsWith("#");
+    return {href, text: a.textContent.trim(),
+            resolves: inPage ? document.getElementById(decodeURIComponent(href.slice(1))) !== null : null};
+  });
+  const marked = [...document.querySelectorAll("[data-check]")].map(
+    e => ({...e.dataset, text: e.textContent.replace(/\s+/g, " ").trim()}));
   const external = [...document.querySelectorAll("[src], link[href], object[data], iframe")]
     .map(e => e.getAttribute("src") || e.getAttribute("href") || e.getAttribute("data") || "")
     .filter(u => !u.startsWith("data:"));
   return {
     title: document.title,
-    images, sections, toc,
+    images, sections, toc, first_links, marked, overflowing: (OVERFLOW_JS)(),
     duplicate_ids: [...duplicates],
     external,
     scripts: document.scripts.length,
@@ -78,7 +102,7 @@ PAGE_CHECK_JS = r"""
     height: document.documentElement.scrollHeight,
   };
 })()
-"""
+""".replace("OVERFLOW_JS", OVERFLOW_JS)
 
 # Under print media: collapsed tables must be laid out (their content has a height), except the data
 # behind a figure, which the printed figure stands for, and full row dumps the page summarises elsewhere.
@@ -91,9 +115,9 @@ PRINT_CHECK_JS = r"""
       hidden.push((d.querySelector("summary") || {}).textContent || "details");
     }
   }
-  return {details: document.querySelectorAll("details").length, hidden};
+  return {details: document.querySelectorAll("details").length, hidden, overflowing: (OVERFLOW_JS)()};
 })()
-"""
+""".replace("OVERFLOW_JS", OVERFLOW_JS)
 
 
 @dataclass
@@ -114,6 +138,11 @@ class PageCheck:
     viewport_width: int = 0
     height: int = 0
     print_hidden: list[str] = field(default_factory=list)
+    first_links: list[dict[str, Any]] = field(default_factory=list)  # first-screen links, whether each resolves
+    marked: list[dict[str, Any]] = field(default_factory=list)  # elements marked data-check, with their data and text
+    overflowing: list[str] = field(default_factory=list)  # tables running past their box on screen
+    print_overflowing: list[str] = field(default_factory=list)  # ... and printed, at the page's width
+    first_screen: Path | None = None
     screenshot: Path | None = None
     screenshot_truncated: bool = False
     pdf: Path | None = None
@@ -151,6 +180,10 @@ class PageCheck:
         if self.scroll_width > self.viewport_width + 1:
             out.append(f"page is wider than the window ({self.scroll_width} px > {self.viewport_width} px)")
         out += [f"collapsed content stays hidden when printed: {s.strip()}" for s in self.print_hidden]
+        out += [f"first-screen link {link['text']!r} resolves nowhere ({link['href']})" for link in self.first_links
+                if link["resolves"] is False]
+        out += [f"table runs past its box: {t}" for t in self.overflowing]
+        out += [f"table runs past its box when printed: {t}" for t in self.print_overflowing]
         if self.pdf is not None and self.pdf_pages < 1:
             out.append("printing to PDF produced no pages")
         return out
@@ -165,6 +198,7 @@ def check_page(
     *,
     screenshot: str | Path | None = None,
     pdf: str | Path | None = None,
+    first_screen: str | Path | None = None,
     expected_headings: Sequence[str] = (),
     timeout_s: float = 60,
 ) -> PageCheck:
@@ -182,9 +216,21 @@ def check_page(
         try:
             page = browser.new_page(viewport={"width": VIEWPORT[0], "height": VIEWPORT[1]})
             page.set_default_timeout(timeout_s * 1000)
-            return _inspect(page, html.as_uri(), screenshot, pdf, list(expected_headings))
+            check = _inspect(page, html.as_uri(), screenshot, pdf, list(expected_headings), first_screen)
         finally:
             browser.close()
+    _resolve_files(check, html.parent)
+    return check
+
+
+def _resolve_files(check: PageCheck, folder: Path) -> None:
+    """Whether each first-screen link to a file names one that exists (relative to the page's folder)."""
+    for link in check.first_links:
+        href = link["href"]
+        if link["resolves"] is None and not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", href):
+            link["resolves"] = (folder / unquote(href.split("#", 1)[0])).exists()
+        elif link["resolves"] is None:
+            link["resolves"] = True  # a web address: not fetched (the page must work offline), not judged here
 
 
 def _listen(page: Page, check: PageCheck) -> None:
@@ -215,14 +261,16 @@ def _write(path: str | Path, data: bytes) -> Path:
 
 
 def _inspect(page: Page, url: str, screenshot: str | Path | None, pdf: str | Path | None,
-             expected: list[str]) -> PageCheck:
+             expected: list[str], first_screen: str | Path | None = None) -> PageCheck:
     check = PageCheck(url=url, expected_headings=expected)
     _listen(page, check)
     page.goto(url, wait_until="load")
     found = page.evaluate(PAGE_CHECK_JS)
     for name in ("title", "sections", "toc", "images", "duplicate_ids", "external", "scroll_width",
-                 "viewport_width", "height"):
+                 "viewport_width", "height", "first_links", "marked", "overflowing"):
         setattr(check, name, found[name])
+    if first_screen is not None:
+        check.first_screen = _write(first_screen, page.screenshot())
 
     if screenshot is not None:
         width, full = VIEWPORT[0], min(int(check.height), MAX_SCREENSHOT_HEIGHT)
@@ -231,9 +279,13 @@ def _inspect(page: Page, url: str, screenshot: str | Path | None, pdf: str | Pat
         check.screenshot, check.screenshot_truncated = _write(screenshot, shot), check.height > MAX_SCREENSHOT_HEIGHT
         page.set_viewport_size({"width": VIEWPORT[0], "height": VIEWPORT[1]})
 
+    # Printed, at the printed page's width: collapsed detail must open and no table may run past its box.
+    page.set_viewport_size({"width": PRINT_WIDTH, "height": VIEWPORT[1]})
     page.emulate_media(media="print")
-    check.print_hidden = page.evaluate(PRINT_CHECK_JS)["hidden"]
+    printed = page.evaluate(PRINT_CHECK_JS)
+    check.print_hidden, check.print_overflowing = printed["hidden"], printed["overflowing"]
     page.emulate_media(media="null")
+    page.set_viewport_size({"width": VIEWPORT[0], "height": VIEWPORT[1]})
     if pdf is not None:
         blob = page.pdf(print_background=True, prefer_css_page_size=True)
         check.pdf = _write(pdf, blob)

@@ -15,10 +15,13 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from gpulab.bench.impls import IMPLEMENTATIONS
 from gpulab.core.ceilings import CEILINGS
+from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.core.patterns import PATTERNS
 from gpulab.core.tables import IDENTIFYING_COLUMNS
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
+from gpulab.report.formats import anchor, method_words, size_words
 from gpulab.report.results import ResultsIndex
 
 # The column holding a row's percentage of its measured ceiling (benchmark, MLP and LLM tables).
@@ -26,6 +29,13 @@ PCT_COLUMN = "pct_of_ceiling"
 # Above this a percentage of a ceiling is flagged (a row that set its own ceiling can read 100.00000000000001).
 ABOVE_PCT = 100 + 1e-6
 PATTERN_WORDS = {name: p.finding for name, p in PATTERNS.items()}
+# Each op's performance goal (its registry entry's ``goal``) is met by the implementations held to it at most this
+# much slower than the best of the goal's reference implementations (native and torch_compile) in the same cell.
+GOAL_IMPLS = tuple(f.name for f in IMPLEMENTATIONS.values() if f.goal == "held")
+GOAL_REFERENCE = tuple(f.name for f in IMPLEMENTATIONS.values() if f.goal == "reference")
+GOAL_SLOWDOWN = 1.03
+# How gpulab.core.ceilings names a ceiling that a benchmarked row set by beating every method at its size.
+OWN_CEILING = "(fastest row; above every method)"
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
@@ -101,7 +111,7 @@ def above_ceiling(results: ResultsIndex, target: str) -> pd.DataFrame:
             method = row.get("ceiling_method") or row.get("ceiling_pattern") or row.get("ceiling_dtype") or ""
             rows.append({"target": target, "table": relpath, "row": _describe(row),
                          "% of ceiling": float(pd.to_numeric(row[PCT_COLUMN], errors="coerce")),
-                         "ceiling": str(method) if pd.notna(method) else ""})
+                         "ceiling": method_words(method) if pd.notna(method) else ""})
     return pd.DataFrame(rows, columns=["target", "table", "row", "% of ceiling", "ceiling"])
 
 
@@ -110,6 +120,23 @@ def above_ceiling_in(results: ResultsIndex, prefix: str) -> pd.DataFrame:
     found = [above_ceiling(results, t) for t in results.targets]
     rows = pd.concat(found, ignore_index=True)
     return rows[rows["table"].str.startswith(prefix)].reset_index(drop=True)
+
+
+def grouped_reasons(rows: pd.DataFrame, keys: tuple[str, ...], detail: tuple[str, ...]) -> pd.DataFrame:
+    """Rows that share a reason as one line: the ``keys``, how many rows, and which ``detail`` values they cover
+    (``arch: gfx1100, gfx1151 · compiler: clang``), so a reason repeated over many rows is written once."""
+    keys = tuple(k for k in keys if k in rows.columns)
+    out = []
+    for values, group in rows.groupby(list(keys), sort=False, dropna=False):
+        covers = []
+        for column in (c for c in detail if c in group.columns):
+            seen = [str(v) for v in dict.fromkeys(group[column].dropna()) if str(v) != ""]
+            if seen:
+                more = f" +{len(seen) - 4} more" if len(seen) > 4 else ""
+                covers.append(f"{column}: " + ", ".join(seen[:4]) + more)
+        out.append({**dict(zip(keys, values, strict=True)), "rows": len(group), "covers": " · ".join(covers)})
+    columns = [*[k for k in keys if k != "reason"], "rows", "covers", *(["reason"] if "reason" in keys else [])]
+    return pd.DataFrame(out, columns=[*keys, "rows", "covers"])[columns]
 
 
 def _why_unstable(unstable: pd.DataFrame) -> str:
@@ -187,6 +214,10 @@ def op_verdict(frame: pd.DataFrame, op: str) -> dict[str, Any] | None:
     best = ok.loc[ok.groupby(cells)["median_ms"].idxmin()]
     wins = best["impl"].value_counts()
     pct = pd.to_numeric(best.get(PCT_COLUMN), errors="coerce") if PCT_COLUMN in best else pd.Series(dtype=float)
+    # A row that beat every method set its own ceiling: its 100% says nothing, so it is counted, not ranked.
+    own = best.get("ceiling_method", pd.Series("", index=best.index)).astype(str) == \
+        best["op"].astype(str) + " " + best["impl"].astype(str) + " " + OWN_CEILING
+    pct = pct.where(~own)
     top = best.loc[pct.idxmax()] if pct.notna().any() else None
     relative = ok.merge(best[[*cells, "median_ms"]].rename(columns={"median_ms": "best_ms"}), on=cells)
     relative = relative.assign(speed=relative["best_ms"] / relative["median_ms"])
@@ -195,7 +226,7 @@ def op_verdict(frame: pd.DataFrame, op: str) -> dict[str, Any] | None:
     return {
         "op": op, "cells": len(best),
         "wins": [{"impl": impl, "cells": int(n)} for impl, n in wins.items()],
-        "best_pct": float(pct.max()) if top is not None else math.nan,
+        "best_pct": float(pct.max()) if top is not None else math.nan, "own_cells": int(own.sum()),
         "best_at": _describe(top[["impl", "dtype", "size"]]) if top is not None else "",
         "ceiling": PATTERN_WORDS.get(pattern, pattern),
         "laggard": None if laggard is None else {
@@ -243,3 +274,44 @@ def verdict(results: ResultsIndex, target: str, ops: tuple[str, ...]) -> dict[st
         else pd.DataFrame()
     return {"bench": bench, "mlp": mlp_verdict(results.read_csv(mlp_path, target)) if mlp_path.is_file() else None,
             "llm": llm_verdict(llm_frame)}
+
+
+# The performance goals -----------------------------------------------------------------------------
+
+
+def goal_rows(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
+    """Each goal cell on each GPU target: % of the pattern's ceiling, ratio to the best of
+    native and torch_compile, and whether both goals are met."""
+    ok = _ok(df) if not df.empty else df
+    if ok.empty:
+        return pd.DataFrame()
+    ok = ok[ok["target"].isin(gpu_targets)]
+    keys = ["target", "op", "size", "dtype"]
+    reference = ok[ok["impl"].isin(GOAL_REFERENCE)].groupby(keys)["median_ms"].min()
+    wanted = ok["impl"].isin(GOAL_IMPLS) & pd.Series([_goal_case(r) for r in ok.itertuples(index=False)],
+                                                     index=ok.index, dtype=bool)
+    rows = []
+    for r in ok[wanted].sort_values(["target", "op", "impl", "numel", "dtype"]).itertuples(index=False):
+        best_ms = reference.get((r.target, r.op, r.size, r.dtype), math.nan)
+        slowdown = r.median_ms / best_ms if best_ms == best_ms else math.nan
+        pct_goal = OP_SPECS[r.op].goal.pct
+        misses = [what for what, missed in (("bandwidth", not r.pct_of_ceiling >= pct_goal),
+                                            ("vs native/compile", slowdown > GOAL_SLOWDOWN)) if missed]
+        rows.append({"target": r.target, "op": r.op, "impl": r.impl,
+                     "size": size_words(r.size, r.dtype, r.tensor_bytes), "dtype": r.dtype, "GB/s": r.gbps,
+                     "% of ceiling": r.pct_of_ceiling,
+                     "% of datasheet": getattr(r, "pct_of_datasheet", math.nan), "goal %": pct_goal,
+                     "% slower than best(native, compile)": 100 * (slowdown - 1),
+                     "verdict": "missed: " + ", ".join(misses) if misses else "met",
+                     "anchor": anchor("goal", r.target, r.op, r.impl, r.size, r.dtype)})
+    return pd.DataFrame(rows)
+
+
+def _goal_case(row: Any) -> bool:
+    """Whether a row is one of its op's goal cells: a named shape and dtype, or a large enough input tensor."""
+    goal = OP_SPECS[row.op].goal if row.op in OP_SPECS else None
+    if goal is None:
+        return False
+    if goal.shapes:
+        return str(row.size) in goal.shapes and (not goal.dtypes or row.dtype in goal.dtypes)
+    return float(row.tensor_bytes) >= goal.min_bytes and (not goal.dtypes or row.dtype in goal.dtypes)

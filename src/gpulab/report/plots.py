@@ -374,9 +374,11 @@ def bars_by_target(
                 pos = c_i - 0.4 + width * (h_i + 0.5)
                 ax.bar(pos, value, width=width * 0.92, color=colors[h if h is not None else cat], label=h, zorder=2)
                 _bar_marks(ax, cell, pos, width, value, (err_low, err_high), (ceiling_col, ceiling_label))
-                _bar_value(ax, cell, pos, value, value_format, ceiling_col)
+                _bar_value(ax, cell, pos, value, value_format, ceiling_col, err_high)
         _ceiling_lines(ax, ceilings, facet)
-        ax.set_xticks(range(len(shown)), [textwrap.fill(c, 18) for c in shown])
+        crowded = sum(len(c) for c in shown) > 40  # the labels would run into each other across a panel
+        ax.set_xticks(range(len(shown)), [textwrap.fill(c, 18) for c in shown], rotation=30 if crowded else 0,
+                      ha="right" if crowded else "center", rotation_mode="anchor")
         ax.set_xlabel(x)
         ax.set_ylabel(ylabel)
         ax.margins(y=0.12)
@@ -387,11 +389,14 @@ def bars_by_target(
 
 
 def _bar_value(ax: plt.Axes, cell: pd.DataFrame, pos: float, value: float, value_format: str,
-               ceiling_col: str | None) -> None:
-    """The bar's value above it; in red and said so where the bar is above its own ceiling."""
+               ceiling_col: str | None, err_high: str | None = None) -> None:
+    """The bar's value above it (above its error bar, which it would overlap); in red and said so where the bar is
+    above its own ceiling."""
     top = float(cell[ceiling_col].iloc[0]) if ceiling_col and ceiling_col in cell else math.nan
     above = value > top  # NaN compares false
-    ax.annotate(value_format.format(value) + (" above ceiling" if above else ""), (pos, value), ha="center",
+    high = float(pd.to_numeric(cell[err_high], errors="coerce").iloc[0]) if err_high and err_high in cell else math.nan
+    at = max(value, high) if not math.isnan(high) else value
+    ax.annotate(value_format.format(value) + (" above ceiling" if above else ""), (pos, at), ha="center",
                 va="bottom", fontsize=SMALL_PT, xytext=(0, 2), textcoords="offset points",
                 color=ABOVE_COLOR if above else CEILING_COLOR, fontweight="bold" if above else "normal")
 
@@ -563,3 +568,51 @@ def value_heatmap(
     ax.set_title(label, loc="left", fontsize=SMALL_PT + 1)
     fig.tight_layout()
     return embed(fig, alt, caption, df)
+
+
+# Over 50 lines only for its keyword options, one a line as ruff formats them; the body is short.
+def roofline_multiples(
+    df: pd.DataFrame,
+    *,
+    facets: Sequence[str],
+    alt: str,
+    caption: str = "",
+    col: str = "op",
+    x: str = "tensor_bytes",
+    y: str = "gbps",
+    hue: str = "impl",
+    ceiling: str = "methods_gbps",
+    datasheet: float = math.nan,
+    facet_titles: Mapping[str, str] | None = None,
+    data_columns: Sequence[str] | None = None,
+) -> Figure:
+    """Small multiples, one short panel per ``col`` value (an op): ``y`` against ``x`` (bytes, log axis), an
+    implementation a line, the ceiling the methods measured at each size dotted and the datasheet dashed."""
+    data = _ok(df)
+    colors = series_colors(data[hue].dropna().astype(str)) if hue in data else {}
+    fig, axes = plt.subplots(1, max(len(facets), 1), figsize=(FIG_WIDTH_IN * 1.1, 2.3), sharey=True, squeeze=False)
+    for ax, facet in zip(axes[0], facets, strict=False):
+        part = data[data[col].astype(str) == facet]
+        _lines(ax, part, x, y, hue, None, (None, None), colors)
+        top = part.groupby(x)[ceiling].max().dropna() if ceiling in part else pd.Series(dtype=float)
+        if not top.empty:
+            ax.plot(top.index, top.values, linestyle=":", marker=".", linewidth=1.4, color=CEILING_COLOR,
+                    label="ceiling (methods, same size)")
+        draw_ceiling(ax, datasheet, "datasheet", color=ABOVE_COLOR)
+        ax.set_xscale("log", base=2)
+        _size_ticks(ax, pd.to_numeric(part[x], errors="coerce"), "bytes", True)
+        ax.tick_params(axis="x", labelrotation=0)
+        ax.set_title((facet_titles or {}).get(facet, facet), fontsize=SMALL_PT + 1)
+        ax.set_xlabel("bytes per tensor", fontsize=SMALL_PT)
+    for ax in axes[0]:
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(FixedLocator(ax.get_xticks()[:: max(1, math.ceil(len(ax.get_xticks()) / 4))]))
+    axes[0][0].set_ylabel("GB/s", fontsize=SMALL_PT)
+    handles = dict(zip(*reversed(axes[0][0].get_legend_handles_labels()), strict=True))
+    for ax in axes[0][1:]:
+        handles.update(dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True)))
+    fig.legend(list(handles.values()), list(handles), loc="upper center", bbox_to_anchor=(0.5, 1.0),
+               ncol=len(handles), frameon=False, handlelength=1.6, columnspacing=1.0)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))
+    columns = [c for c in (data_columns or []) if c in df.columns] or None
+    return embed(fig, alt, caption, df[columns] if columns else df)

@@ -36,6 +36,7 @@ from gpulab.core.tables import write_atomic
 from gpulab.env.capture import git_state
 from gpulab.report import sections as sections_pkg
 from gpulab.report.findings import ABOVE_PCT
+from gpulab.report.formats import platforms_title
 from gpulab.report.plots import apply_style
 from gpulab.report.results import Problem, ResultsIndex
 
@@ -142,8 +143,9 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
     def table(df: pd.DataFrame | None, fmt: str | None = None, caption: str | None = None,
-              drop_empty: bool = True, max_height: bool = True) -> Markup:
-        """A DataFrame as a table; the markup is in ``_table.html.j2``, numbers formatted consistently."""
+              drop_empty: bool = True, max_height: bool = True, ids: list[str] | None = None) -> Markup:
+        """A DataFrame as a table; the markup is in ``_table.html.j2``, numbers formatted consistently; ``ids``
+        gives each row an element id, so a verdict can link to the row it judges."""
         if df is not None and drop_empty and not df.empty:
             df = df.loc[:, [c for c in df.columns if not (df[c].isna() | (df[c].astype(str) == "")).all()]]
         rows = [] if df is None else [[_cell(v) if fmt is None or isinstance(v, str) else format_number(v, fmt)
@@ -155,7 +157,7 @@ def environment() -> jinja2.Environment:
                                           for i, v in enumerate(pd.to_numeric(df[c], errors="coerce")) if v > ABOVE_PCT}
         return Markup(env.get_template("_table.html.j2").render(
             columns=columns, rows=rows, caption=caption, status_columns=statuses, verdict_columns=verdicts,
-            above=above, scroll=max_height and len(rows) > 16))
+            above=above, scroll=max_height and len(rows) > 16, ids=list(ids or [])))
 
     env.filters["table"] = table
     env.filters["num"] = lambda v, fmt=None: format_number(v, fmt)
@@ -252,7 +254,7 @@ def render_report(
     rendered, errors = _render_sections(ctx, env, strict, workers)
     report_config = config.get("report", {})
     page = env.get_template("base.html.j2").render(
-        title=title or report_config.get("title", "gpulab report"),
+        title=title or report_config.get("title") or platforms_title(ctx.devices),
         sections=rendered,
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,

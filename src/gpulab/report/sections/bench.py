@@ -16,7 +16,8 @@ from gpulab.bench.registry import BASELINE
 from gpulab.core.ceilings import CEILINGS, with_regimes
 from gpulab.core.dtypes import ITEMSIZE
 from gpulab.core.ops import OPS as OP_SPECS
-from gpulab.report import plots
+from gpulab.report import findings, plots
+from gpulab.report.formats import anchor, binary_bytes, method_words, milliseconds, size_words
 
 ORDER = 40
 ID = "bench"
@@ -27,11 +28,6 @@ DTYPES = tuple(ITEMSIZE)
 # The lecture's GeLU on a 16384x16384 fp32 tensor (a 2^28-element vector here), in ms.
 STUDY_GELU_ELEMENTS = 16384 * 16384
 STUDY_GELU = tuple((f.name, *f.study) for f in IMPLEMENTATIONS.values() if f.study)
-# Each op's performance goal (its registry entry's ``goal``) is met by the implementations held to it at most this
-# much slower than the best of the goal's reference implementations (native and torch_compile) in the same cell.
-GOAL_IMPLS = tuple(f.name for f in IMPLEMENTATIONS.values() if f.goal == "held")
-GOAL_REFERENCE = tuple(f.name for f in IMPLEMENTATIONS.values() if f.goal == "reference")
-GOAL_SLOWDOWN = 1.03
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -75,9 +71,14 @@ def unsteady(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def size_label(size: str) -> str:
-    """A size as every figure and heading of this section shows it: elements per tensor in short form
-    (98.4k, 4.19M), or a softmax shape (rows x columns) as it is."""
-    return plots.format_count(float(size)) if str(size).isdigit() else str(size)
+    """A size as the tables and headings of this section show it: elements per tensor (268,435,456), or a softmax
+    shape (4096 × 16384); the figures label each dtype's panel with its bytes (formats.binary_bytes)."""
+    return f"{int(size):,}" if str(size).isdigit() else str(size).replace("x", " × ")
+
+
+def _tick(size: str, dtype: str) -> str:
+    """A size on a dtype's panel: its bytes per tensor (``1 GiB``), a shape as rows × columns."""
+    return binary_bytes(int(size) * ITEMSIZE.get(dtype, 4)) if str(size).isdigit() else str(size).replace("x", "×")
 
 
 def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[str], ceilings: dict,
@@ -107,7 +108,7 @@ def size_figure(df: pd.DataFrame, *, y: str, hue: str, col: str, facets: list[st
                     label=SAME_SIZE)
         for label, value in ceilings.get(facet, {}).items():
             plots.draw_ceiling(ax, value, label)
-        ax.set_xticks(range(len(order)), [size_label(s) for s in order], rotation=35, ha="right")
+        ax.set_xticks(range(len(order)), [_tick(s, facet) for s in order], rotation=35, ha="right")
         ax.set_title(facet)
         ax.set_xlabel(xlabel)
     for ax in axes[0]:  # once all panels are drawn: on shared axes an earlier call froze the first panel's scale
@@ -134,7 +135,8 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fastest(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest correct implementation per target, size and dtype (incorrect rows never qualify)."""
+    """The fastest correct implementation per target, size and dtype (incorrect rows never qualify); ``anchor``
+    is each row's element id (findings.anchor), which the verdict links to."""
     ok = _ok(df)
     if ok.empty:
         return pd.DataFrame()
@@ -144,10 +146,14 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
                                   best[["target", "size", "dtype", "median_ms"]].itertuples(index=False)])
     best = best.sort_values(["target", "numel", "dtype"])
     return pd.DataFrame({
-        "target": best["target"], "size": best["size"], "dtype": best["dtype"], "fastest": best["impl"],
-        "median ms": best["median_ms"], "GB/s": best["gbps"], "regime": regime_label(best.get("regime")),
-        "% of ceiling": best["pct_of_ceiling"], "ceiling method": best["ceiling_method"], "stable": best["stable"],
-        "× native": best["vs_native"],
+        "target": best["target"],
+        "size": [size_words(s, d, b) for s, d, b in best[["size", "dtype", "tensor_bytes"]].itertuples(index=False)],
+        "fastest": best["impl"], "median time": best["median_ms"].map(milliseconds), "GB/s": best["gbps"],
+        "regime": regime_label(best.get("regime")), "% of ceiling": best["pct_of_ceiling"],
+        "% of datasheet": best.get("pct_of_datasheet"), "ceiling method": best["ceiling_method"].map(method_words),
+        "stable": best["stable"], "× native": best["vs_native"],
+        "anchor": [anchor("fastest", t, o, s, d) for t, o, s, d in best[["target", "op", "size", "dtype"]]
+                   .itertuples(index=False)],
     })
 
 
@@ -180,7 +186,7 @@ def problems(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     grouped = bad.groupby(["target", "impl", "status", "reason"], sort=False)
     return pd.DataFrame([{"target": t, "impl": i, "status": s, "cases": len(g),
-                          "sizes": ", ".join(dict.fromkeys(g["size"].astype(str).map(size_label))), "reason": r}
+                          "sizes": " · ".join(dict.fromkeys(g["size"].astype(str).map(size_label))), "reason": r}
                          for (t, i, s, r), g in grouped])
 
 
@@ -202,41 +208,6 @@ def study_gelu(gelu: pd.DataFrame, targets: list[str]) -> pd.DataFrame:
             row[f"{target} × manual"] = manual_ms / ours if ours == ours else math.nan
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
-    """Each goal cell on each GPU target: % of the pattern's ceiling, ratio to the best of
-    native and torch_compile, and whether both goals are met."""
-    ok = _ok(df)
-    if ok.empty:
-        return pd.DataFrame()
-    ok = ok[ok["target"].isin(gpu_targets)]
-    keys = ["target", "op", "size", "dtype"]
-    reference = ok[ok["impl"].isin(GOAL_REFERENCE)].groupby(keys)["median_ms"].min()
-    wanted = ok["impl"].isin(GOAL_IMPLS) & pd.Series([_goal_case(r) for r in ok.itertuples(index=False)],
-                                                     index=ok.index, dtype=bool)
-    rows = []
-    for r in ok[wanted].sort_values(["target", "op", "impl", "numel", "dtype"]).itertuples(index=False):
-        best_ms = reference.get((r.target, r.op, r.size, r.dtype), math.nan)
-        slowdown = r.median_ms / best_ms if best_ms == best_ms else math.nan
-        pct_goal = OP_SPECS[r.op].goal.pct
-        misses = [what for what, missed in (("bandwidth", not r.pct_of_ceiling >= pct_goal),
-                                            ("vs native/compile", slowdown > GOAL_SLOWDOWN)) if missed]
-        rows.append({"target": r.target, "op": r.op, "impl": r.impl, "size": r.size, "dtype": r.dtype,
-                     "GB/s": r.gbps, "% of ceiling": r.pct_of_ceiling, "goal %": pct_goal,
-                     "% slower than best(native, compile)": 100 * (slowdown - 1),
-                     "verdict": "missed: " + ", ".join(misses) if misses else "met"})
-    return pd.DataFrame(rows)
-
-
-def _goal_case(row: Any) -> bool:
-    """Whether a row is one of its op's goal cells: a named shape and dtype, or a large enough input tensor."""
-    goal = OP_SPECS[row.op].goal if row.op in OP_SPECS else None
-    if goal is None:
-        return False
-    if goal.shapes:
-        return str(row.size) in goal.shapes and (not goal.dtypes or row.dtype in goal.dtypes)
-    return float(row.tensor_bytes) >= goal.min_bytes and (not goal.dtypes or row.dtype in goal.dtypes)
 
 
 def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, label: str) -> list[plots.Figure]:
@@ -261,7 +232,7 @@ def op_figures(df: pd.DataFrame, ceilings: pd.DataFrame, op: str, target: str, l
         figures.append(size_figure(
             plotted, y="gbps", hue="impl", col="dtype", facets=dtypes, ceilings=lines,
             ylow="gbps_p10", yhigh="gbps_p90", ylabel="GB/s (fewest bytes / median time)",
-            xlabel="shape (rows × columns)" if shape else "elements per tensor",
+            xlabel="shape (rows × columns)" if shape else "bytes per tensor",
             alt=f"{op}: achieved bandwidth against size per implementation and dtype on {label}, with the "
                 f"measured {pattern} ceiling",
             caption=f"{label}. Shaded: GB/s at the p90 and p10 times. Dotted, '{SAME_SIZE}': the {pattern} "
@@ -308,7 +279,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
                 "name": target, "label": labels.get(target, target),
                 "figures": op_figures(df, ceilings, op, target, labels.get(target, target)),
                 "counts": mine["status"].value_counts().to_dict(),
-                "sizes": ", ".join(size_label(s) for s in _size_order(mine)),
+                "sizes": " · ".join(size_label(s) for s in _size_order(mine)),
                 "size_words": "elements per tensor" if mine["size"].str.isdigit().all() else "rows × columns",
             })
         ops.append({"op": op, "title": OP_SPECS[op].title, "pattern": OP_SPECS[op].pattern,
@@ -326,7 +297,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "ops": ops,
         "study": study,
         "study_measured": bool(ours.notna().any().any()) if not ours.empty else False,
-        "goals": goals(everything, gpu_targets),
+        "goals": findings.goal_rows(everything, gpu_targets),
         "above_ceiling": above_ceiling(everything),
         "gpu_targets": gpu_targets,
         "ceilings": ceiling_rows,

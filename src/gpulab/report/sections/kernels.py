@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.core.ops import OPS
-from gpulab.report import plots
+from gpulab.report import findings, plots
 from gpulab.toolchains.archs import ARCHS
 
 ORDER = 45
@@ -106,8 +106,10 @@ def _span(values: pd.Series) -> str:
 
 
 def not_ok(table: pd.DataFrame) -> pd.DataFrame:
+    """Compiles that are not ok, one line per reason with how many it covers (a reason is written once)."""
     bad = table[table["status"] != "ok"]
-    return bad[["target", "arch", "compiler", "source", "kernel", "variant", "dtype", "status", "reason"]]
+    return findings.grouped_reasons(bad, ("target", "status", "reason"),
+                                    ("arch", "compiler", "source", "kernel", "dtype"))
 
 
 def build(ctx: Any) -> dict[str, Any] | None:

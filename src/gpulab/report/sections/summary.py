@@ -19,6 +19,7 @@ from gpulab.core.patterns import PATTERNS
 from gpulab.core.tables import IDENTIFYING_COLUMNS, STATUSES
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 from gpulab.report import findings
+from gpulab.report.formats import anchor, binary_bytes, method_words, size_words
 from gpulab.report.results import ResultsIndex
 
 ORDER = 10
@@ -41,6 +42,7 @@ class Headline:
     pct: float = math.nan
     pct_of: str = ""
     higher_is_better: bool = True
+    href: str = ""  # the row behind the figure, where the page has one
 
     @property
     def measured(self) -> bool:
@@ -98,8 +100,12 @@ def gelu_headline(results: ResultsIndex, target: str) -> Headline:
     row = _best(ok, "gbps")
     if row is None:
         return base
-    return Headline(base.key, base.label, base.unit, float(row["gbps"]), _describe(row, ("impl", "dtype", "size")),
-                    _pct(row, ("pct_of_ceiling",)), _gelu_ceiling_words(row, base.pct_of))
+    detail = f"{row['impl']} · {size_words(row['size'], str(row['dtype']), row.get('tensor_bytes'))}"
+    own = "fastest row" in str(row.get("ceiling_method", "")) and \
+        str(row.get("ceiling_method", "")).split(" (", 1)[0] == f"{row.get('op')} {row.get('impl')}"
+    return Headline(base.key, base.label, base.unit, float(row["gbps"]), detail,
+                    math.nan if own else _pct(row, ("pct_of_ceiling",)), _gelu_ceiling_words(row, base.pct_of),
+                    href="#" + anchor("fastest", target, "gelu", row["size"], row["dtype"]))
 
 
 def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
@@ -112,8 +118,10 @@ def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
         return default
     if "fastest row" in method:
         setter = method.split(" (", 1)[0]  # "<op> <impl>" of the row that beat every method (share_ceilings)
-        who = "this row" if setter == f"{row.get('op')} {row.get('impl')}" else f"the {setter} row of its bytes"
-        return f"the ceiling at its size, which {who} set: the copy methods reached {dedicated:,.0f} GB/s there"
+        if setter == f"{row.get('op')} {row.get('impl')}":
+            return f"fastest measured; ceiling methods reached {dedicated:,.0f} GB/s"
+        return f"the ceiling at its size, which the {setter} row of its bytes set: the copy methods reached " \
+               f"{dedicated:,.0f} GB/s there"
     if method.endswith(BESIDE_THE_CASE):
         return f"{default}: {dedicated:,.1f} GB/s, {method}"
     return default
@@ -165,8 +173,10 @@ def ceiling_headlines(results: ResultsIndex, target: str) -> list[Headline]:
         rows = ok[ok["kind"] == kind] if {"kind", column}.issubset(ok.columns) else ok.iloc[0:0]
         row = _best(rows, column) if not rows.empty else None
         if row is not None:
-            headline = Headline(headline.key, label, unit, float(row[column]),
-                                _describe(row, ("dtype", "size", "method")))
+            size = f"{str(row['size']).replace('x', ' × ')} {row['dtype']}" if kind == "matmul" else \
+                f"{binary_bytes(float(row['tensor_bytes']))} {row['dtype']}"
+            detail = f"{size} · {method_words(row['method'])}"
+            headline = Headline(headline.key, label, unit, float(row[column]), detail)
         out.append(headline)
     return out
 
