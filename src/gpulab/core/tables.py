@@ -42,6 +42,31 @@ CELLS = {
 }
 
 
+# Every table the workflow writes under results/<target>/ (one glob per path part): the report reads these, and
+# lists any other file there as not one of its tables.
+TABLES = (
+    "bench/*.csv", "bench/cells/*__*.csv", "build/extension.csv", "build/extension_checks.csv",
+    "build/hip_standalone.csv", "build/kernel_resources.csv", "build/timing_pitfalls.csv", "build/kernels/*.csv",
+    "env/tools.csv", "env/runtime_stack.csv", "llm/*__*.csv", "llm/kernels/*__*.csv", "mlp/summary.csv",
+    "mlp/kernels.csv", "mlp/ops.csv", "mlp/ceilings.csv", "tune/fast.csv", "tune/triton.csv", "tune/triton/*.csv",
+)
+
+
+def matches(artifact: str, pattern: str) -> bool:
+    """Whether a relative path matches a glob part by part (``bench/*.csv`` is not ``bench/cells/x.csv``)."""
+    parts, globs = artifact.split("/"), pattern.split("/")
+    return len(parts) == len(globs) and all(fnmatch.fnmatchcase(p, g) for p, g in zip(parts, globs, strict=True))
+
+
+def table_columns(artifact: str) -> tuple[str, ...] | None:
+    """The columns the table the workflow writes at ``artifact`` always has (its outcome and its cell's names);
+    None where the workflow writes no table."""
+    if not any(matches(artifact, pattern) for pattern in TABLES):
+        return None
+    key = next((key for pattern, key in CELLS.items() if matches(artifact, pattern)), None)
+    return ("target", "status", *(key.names if key else ()))
+
+
 def cell_key(artifact: str) -> CellKey | None:
     """The declared cell key of an artifact (``mlp/summary.csv``); None for one not declared."""
     return next((key for pattern, key in CELLS.items() if fnmatch.fnmatchcase(artifact, pattern)), None)

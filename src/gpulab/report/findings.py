@@ -238,7 +238,7 @@ def verdict(results: ResultsIndex, target: str, ops: tuple[str, ...]) -> dict[st
         if path.is_file() and (found := op_verdict(results.read_csv(path, target), op)) is not None:
             bench.append(found)
     mlp_path = results.path(target, "mlp/summary.csv")
-    llm = [results.read_csv(p, target) for p in sorted(results.path(target, "llm").glob("*.csv"))]
+    llm = [results.read_csv(p, target) for p in results.known(target, "llm/*.csv")]
     llm_frame = pd.concat([f for f in llm if not f.empty], ignore_index=True) if any(not f.empty for f in llm) \
         else pd.DataFrame()
     return {"bench": bench, "mlp": mlp_verdict(results.read_csv(mlp_path, target)) if mlp_path.is_file() else None,
