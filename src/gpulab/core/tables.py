@@ -8,6 +8,7 @@ add the columns of :class:`gpulab.core.timing.Timing`, so each says how it was m
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
+from gpulab.core.paths import TABLE_SCHEMAS
 from gpulab.core.timing import TIMING_COLUMNS
 
 STATUSES = ("ok", "skipped", "failed", "incorrect", "oom")
@@ -42,14 +45,15 @@ CELLS = {
 }
 
 
+@functools.cache
+def _declared() -> dict[str, dict[str, str]]:
+    with open(TABLE_SCHEMAS, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
 # Every table the workflow writes under results/<target>/ (one glob per path part): the report reads these, and
 # lists any other file there as not one of its tables.
-TABLES = (
-    "bench/*.csv", "bench/cells/*__*.csv", "build/extension.csv", "build/extension_checks.csv",
-    "build/hip_standalone.csv", "build/kernel_resources.csv", "build/timing_pitfalls.csv", "build/kernels/*.csv",
-    "env/tools.csv", "env/runtime_stack.csv", "llm/*__*.csv", "llm/kernels/*__*.csv", "mlp/summary.csv",
-    "mlp/kernels.csv", "mlp/ops.csv", "mlp/ceilings.csv", "tune/fast.csv", "tune/triton.csv", "tune/triton/*.csv",
-)
+TABLES = tuple(_declared())
 
 
 def matches(artifact: str, pattern: str) -> bool:
@@ -58,13 +62,17 @@ def matches(artifact: str, pattern: str) -> bool:
     return len(parts) == len(globs) and all(fnmatch.fnmatchcase(p, g) for p, g in zip(parts, globs, strict=True))
 
 
+def declared_columns(artifact: str) -> dict[str, str] | None:
+    """The columns (name: kind) of the table the workflow writes at ``artifact``, those added later aside; None
+    where it writes no table. Read from ``schemas/tables.yaml``, so the report imports no step's code."""
+    named = sorted(_declared().items(), key=lambda item: item[0].count("*"))  # bench/ceilings.csv before bench/*
+    return next((dict(columns) for pattern, columns in named if matches(artifact, pattern)), None)
+
+
 def table_columns(artifact: str) -> tuple[str, ...] | None:
-    """The columns the table the workflow writes at ``artifact`` always has (its outcome and its cell's names);
-    None where the workflow writes no table."""
-    if not any(matches(artifact, pattern) for pattern in TABLES):
-        return None
-    key = next((key for pattern, key in CELLS.items() if matches(artifact, pattern)), None)
-    return ("target", "status", *(key.names if key else ()))
+    """The columns the table at ``artifact`` always has (the fingerprint aside: older tables may lack it)."""
+    columns = declared_columns(artifact)
+    return None if columns is None else tuple(c for c in columns if c != "fingerprint")
 
 
 def cell_key(artifact: str) -> CellKey | None:

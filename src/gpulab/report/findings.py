@@ -180,6 +180,8 @@ def op_verdict(frame: pd.DataFrame, op: str) -> dict[str, Any] | None:
     """Which implementation is fastest in how many (size, dtype) cells, the best share of the ceiling a
     fastest row reaches, and the implementation furthest behind with its speed as a multiple of the fastest."""
     ok = _ok(frame)
+    if ok.empty:  # a table not read has no columns
+        return None
     ok = ok[pd.to_numeric(ok["median_ms"], errors="coerce") > 0]
     if ok.empty:
         return None

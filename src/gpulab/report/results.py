@@ -23,7 +23,7 @@ import pandas as pd
 
 from gpulab.core.ceilings import STATE_COLUMNS
 from gpulab.core.history import HISTORY
-from gpulab.core.tables import IDENTIFYING_COLUMNS, matches, table_columns
+from gpulab.core.tables import IDENTIFYING_COLUMNS, declared_columns, matches, table_columns
 from gpulab.core.timing import TIMING_COLUMNS
 
 # Columns that describe a row rather than identify or measure it.
@@ -110,7 +110,10 @@ class ResultsIndex:
         name (``results/h100-run2``) is that name in every table and figure.
         """
         data = self.read_bytes(path, self.max_table_bytes)
-        if data is None or not data.strip():
+        if data is None:
+            return pd.DataFrame()
+        if not data.strip():
+            self._problem(path, "an empty file (not even a header), not used")
             return pd.DataFrame()
         try:
             frame = pd.read_csv(io.BytesIO(data))
@@ -124,6 +127,8 @@ class ResultsIndex:
         if truncated := _truncation(data, frame):
             self._problem(path, f"truncated table, not used: {truncated}")
             return pd.DataFrame()
+        if bad := _numbers(frame, self._kinds(path)):
+            self._problem(path, f"cells that are not numbers shown as missing, in column(s) {', '.join(bad)}")
         if target is not None and not frame.empty:
             frame["target"] = target
         if "reason" in frame.columns:  # all-empty reasons read as a float column of NaN
@@ -132,13 +137,19 @@ class ResultsIndex:
             frame["reason"] = ""
         return frame
 
+    def _artifact(self, path: Path) -> str:
+        """``path`` relative to its target's directory (``bench/gelu.csv``); "" for one outside the root."""
+        try:
+            return path.relative_to(self.root).as_posix().split("/", 1)[1]
+        except (ValueError, IndexError):
+            return ""
+
     def _columns(self, path: Path) -> tuple[str, ...]:
         """The columns a table at ``path`` must have: its declared ones where it is one the workflow writes."""
-        try:
-            relpath = path.relative_to(self.root).as_posix().split("/", 1)[1]
-        except (ValueError, IndexError):
-            return REQUIRED_COLUMNS
-        return table_columns(relpath) or REQUIRED_COLUMNS
+        return table_columns(self._artifact(path)) or REQUIRED_COLUMNS
+
+    def _kinds(self, path: Path) -> dict[str, str]:
+        return declared_columns(self._artifact(path)) or {}
 
     def own_file(self, target: str, value: Any, *, under: str = "", cell: str = "") -> Path | None:
         """A path taken from a cell or env.json (``value``, relative to ``under`` in the target's directory) as a
@@ -195,7 +206,7 @@ class ResultsIndex:
                 self._problem(path, f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}; skipped")
                 return None
             if limit is not None and info.st_size > limit:
-                self._problem(path, f"{info.st_size / 2**20:,.1f} MiB, over the {limit / 2**20:,.0f} MiB limit "
+                self._problem(path, f"{_size(info.st_size)}, over the limit of {_size(limit)} "
                                     "(report.max_table_bytes); skipped")
                 return None
             try:
@@ -334,6 +345,10 @@ def foreign_files(root: str | Path, own: Sequence[str]) -> list[str]:
     return files
 
 
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
+
+
 def _foreign_entries(base: Path) -> Iterator[tuple[str, str]]:
     """Every entry under a target directory with why it is not the target's own file ("" when it is)."""
     for folder, dirs, files in os.walk(base, followlinks=False):
@@ -402,6 +417,19 @@ def _truncation(data: bytes, frame: pd.DataFrame) -> str | None:
     if empty.any():
         return f"row(s) {[int(i) + 2 for i in frame.index[empty][:5]]} lack {list(REQUIRED_COLUMNS)} (line numbers)"
     return None
+
+
+def _numbers(frame: pd.DataFrame, kinds: Mapping[str, str]) -> list[str]:
+    """Make the declared number columns numbers, in place; the columns where some cell was not one."""
+    bad = []
+    for column, kind in kinds.items():
+        if kind not in ("float", "int") or column not in frame.columns or pd.api.types.is_numeric_dtype(frame[column]):
+            continue
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        if (numbers.isna() & frame[column].notna()).any():
+            bad.append(column)
+        frame[column] = numbers
+    return bad
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
