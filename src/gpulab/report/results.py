@@ -44,6 +44,8 @@ OTHER_FILES = (
     "mlp/stacks_*.txt", "benchmarks/*.jsonl",
 )
 OTHER_FOLDERS = (HISTORY, "logs", "env/raw", "llm/models", "device_waits")
+# The parts of env.json that are objects (gpulab.env.capture): one of another type is left out.
+ENV_OBJECTS = ("device", "compilers", "cpu", "git", "os", "packages", "python", "smi", "tools")
 # How many files of one target that are not its own are named one by one.
 FOREIGN_SHOWN = 50
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
@@ -101,7 +103,10 @@ class ResultsIndex:
         if not isinstance(env, dict):
             self._problem(path, "environment capture is not a JSON object")
             return None
-        return env
+        wrong = [key for key in ENV_OBJECTS if key in env and not isinstance(env[key], dict)]
+        if wrong:
+            self._problem(path, f"not objects, not shown: {', '.join(wrong)}")
+        return {k: v for k, v in env.items() if k not in wrong}
 
     def read_csv(self, path: Path, target: str | None = None) -> pd.DataFrame:
         """One CSV, or an empty frame (with the problem recorded) when it cannot be parsed.
