@@ -101,7 +101,8 @@ def test_a_huge_table_is_skipped_over_the_size_limit_not_taken_for_a_benchmark(r
 
 def test_a_table_with_other_columns_names_the_missing_ones_and_is_not_called_truncated(rendered):
     problems = rendered[1]
-    assert "cpu/bench/other.csv: not used: the table lacks column(s) target, status, reason, op, impl, size, numel" in problems
+    assert ("cpu/bench/other.csv: not used: the table lacks column(s) target, status, reason, op, impl, size, numel"
+            in problems)
     assert "other.csv: truncated" not in problems
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from base64 import urlsafe_b64decode
@@ -127,9 +128,8 @@ def stale(target_dir: str | Path) -> dict[str, str]:
     latest: dict[str, list[str]] = {}
     for run in runs(target_dir):
         for job in sorted((run.path / "jobs").glob("*.json")):
-            try:
-                note = json.loads(job.read_text())
-            except (OSError, json.JSONDecodeError):
+            note = _note(job)
+            if not isinstance(note, dict):
                 continue
             latest.update({out: note.get("inputs", []) for out in note.get("outputs", [])})
     for rel, inputs in latest.items():
@@ -165,6 +165,23 @@ def record(target_dir: str | Path, run_id: str, files: Iterable[str | Path]) -> 
         copies.append(copy)
     clear_restored(target_dir, files)
     return copies
+
+
+def _note(path: Path) -> Any:
+    """A small JSON note of the history, or None: one that is no regular file (a FIFO copied in), over 1 MiB or
+    not JSON is never waited on nor read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 2**20:
+            return None
+        try:
+            return json.loads(fh.read())
+        except (OSError, ValueError, RecursionError):
+            return None
 
 
 def runs(target_dir: str | Path) -> list[Run]:
@@ -267,10 +284,7 @@ def restored(target_dir: str | Path) -> dict[str, dict[str, str]]:
     root = history_dir(target_dir) / RESTORED
     notes = {}
     for path in sorted(root.rglob("*.json")) if root.is_dir() else []:
-        try:
-            note = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+        note = _note(path)
         if isinstance(note, dict) and (Path(target_dir) / str(note.get("table"))).is_file():
             notes[str(note["table"])] = note
     return notes

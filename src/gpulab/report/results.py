@@ -44,6 +44,7 @@ OTHER_FILES = (
     "mlp/stacks_*.txt", "benchmarks/*.jsonl",
 )
 OTHER_FOLDERS = (HISTORY, "logs", "env/raw", "llm/models", "device_waits")
+NUMBER_KINDS = ("float", "int")
 # The parts of env.json that are objects (gpulab.env.capture): one of another type is left out.
 ENV_OBJECTS = ("device", "compilers", "cpu", "git", "os", "packages", "python", "smi", "tools")
 # How many files of one target that are not its own are named one by one.
@@ -114,14 +115,15 @@ class ResultsIndex:
         Rows are labelled with the directory they were found in: a target copied in under another
         name (``results/h100-run2``) is that name in every table and figure.
         """
-        data = self.read_bytes(path, self.max_table_bytes)
+        data = self.read_bytes(path)
         if data is None:
             return pd.DataFrame()
         if not data.strip():
             self._problem(path, "an empty file (not even a header), not used")
             return pd.DataFrame()
-        try:
-            frame = pd.read_csv(io.BytesIO(data))
+        kinds = self._kinds(path)
+        try:  # number columns read as text first: "true" is not a number, though pandas would make it 1
+            frame = pd.read_csv(io.BytesIO(data), dtype={c: str for c, k in kinds.items() if k in NUMBER_KINDS})
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             self._problem(path, f"unreadable table: {exc}".splitlines()[0])
             return pd.DataFrame()
@@ -132,7 +134,7 @@ class ResultsIndex:
         if truncated := _truncation(data, frame):
             self._problem(path, f"truncated table, not used: {truncated}")
             return pd.DataFrame()
-        if bad := _numbers(frame, self._kinds(path)):
+        if bad := _numbers(frame, kinds):
             self._problem(path, f"cells that are not numbers shown as missing, in column(s) {', '.join(bad)}")
         if target is not None and not frame.empty:
             frame["target"] = target
@@ -195,8 +197,9 @@ class ResultsIndex:
 
     def read_bytes(self, path: Path, limit: int | None = None) -> bytes | None:
         """A target's own regular file, whole; None (the problem recorded) for a missing one, one leaving its
-        target, a FIFO, device or socket, or one larger than ``limit``. Opened without blocking or following
-        a symlink, and checked again on the open file, so what is read is what was checked."""
+        target, a FIFO, device or socket, or one larger than ``limit`` (default: the table limit). Opened without
+        blocking or following a symlink, and checked again on the open file, so what is read is what was checked."""
+        limit = self.max_table_bytes if limit is None else limit
         if self.own(path) is None:
             return None
         try:
@@ -210,19 +213,19 @@ class ResultsIndex:
             if not stat.S_ISREG(info.st_mode):
                 self._problem(path, f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}; skipped")
                 return None
-            if limit is not None and info.st_size > limit:
+            if info.st_size > limit:
                 self._problem(path, f"{_size(info.st_size)}, over the limit of {_size(limit)} "
                                     "(report.max_table_bytes); skipped")
                 return None
             try:
-                return fh.read(limit + 1 if limit is not None else -1)
+                return fh.read(limit + 1)
             except OSError as exc:
                 self._problem(path, f"unreadable: {exc.strerror}")
                 return None
 
-    def read_text(self, path: Path, *, cell: str = "") -> str | None:
+    def read_text(self, path: Path) -> str | None:
         """A target's own file as text (see :meth:`read_bytes`); None (recorded) when it is not UTF-8."""
-        data = self.read_bytes(path, self.max_table_bytes)
+        data = self.read_bytes(path)
         if data is None:
             return None
         try:
@@ -358,16 +361,15 @@ def _foreign_entries(base: Path) -> Iterator[tuple[str, str]]:
     """Every entry under a target directory with why it is not the target's own file ("" when it is)."""
     for folder, dirs, files in os.walk(base, followlinks=False):
         rel_dir = Path(folder).relative_to(base).as_posix()
-        if rel_dir in OTHER_FOLDERS or rel_dir.startswith(tuple(f"{f}/" for f in OTHER_FOLDERS)):
-            dirs[:] = []
-            continue
+        own = rel_dir in OTHER_FOLDERS or rel_dir.startswith(tuple(f"{f}/" for f in OTHER_FOLDERS))
         for name in sorted(files + [d for d in dirs if (Path(folder) / d).is_symlink()]):
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            yield rel, _foreign(base, rel)
+            yield rel, _foreign(base, rel, own)
 
 
-def _foreign(base: Path, rel: str) -> str:
-    """Why the entry ``rel`` of a target directory is not one of its files, or ""."""
+def _foreign(base: Path, rel: str, own: bool = False) -> str:
+    """Why the entry ``rel`` of a target directory is not one of its files, or "" (``own``: in a folder of its
+    files, where only a FIFO, device, socket or a symlink leaving is foreign)."""
     path = base / rel
     try:
         info = os.lstat(path)
@@ -380,7 +382,7 @@ def _foreign(base: Path, rel: str) -> str:
         return "a broken symlink; skipped"
     if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
         return f"{_KINDS.get(stat.S_IFMT(info.st_mode), 'not a regular file')}; skipped"
-    if stat.S_ISDIR(info.st_mode) or Path(rel).name.startswith("."):
+    if own or stat.S_ISDIR(info.st_mode) or Path(rel).name.startswith("."):
         return ""
     if table_columns(rel) is not None or any(matches(rel, p) for p in OTHER_FILES):
         return ""
@@ -428,7 +430,7 @@ def _numbers(frame: pd.DataFrame, kinds: Mapping[str, str]) -> list[str]:
     """Make the declared number columns numbers, in place; the columns where some cell was not one."""
     bad = []
     for column, kind in kinds.items():
-        if kind not in ("float", "int") or column not in frame.columns or pd.api.types.is_numeric_dtype(frame[column]):
+        if kind not in NUMBER_KINDS or column not in frame.columns:
             continue
         numbers = pd.to_numeric(frame[column], errors="coerce")
         if (numbers.isna() & frame[column].notna()).any():
