@@ -277,7 +277,7 @@ def test_malformed_result_trees_end_in_time_read_nothing_outside_and_list_every_
     assert not failed, f"{len(failed)} failures in {time.monotonic() - start:.0f} s:\n" + "\n".join(failed[:40])
 
 
-@pytest.mark.parametrize("case", ["bench/cpu/fifo", "llm/cpu/path0", "mlp/zielgerät-ü/out"])
+@pytest.mark.parametrize("case", ["bench/cpu/fifo", "llm/cpu/path0", "mlp/zielgerät-ü/aside-out-history"])
 def test_the_installed_command_ends_cleanly_on_a_malformed_tree(tmp_path, case):
     tree = next(t for t in corpus(tmp_path) if t.name == case)
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}

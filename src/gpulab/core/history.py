@@ -223,17 +223,23 @@ def last_copy(target_dir: str | Path, rel: str, before: Run | None = None) -> tu
 
 def state_at(target_dir: str | Path, run: Run, into: str | Path) -> Path:
     """A results directory holding the target's tables as they stood after ``run``: each file's latest copy up to
-    that run, linked (``into/<target>/...``). Returns ``into``."""
+    that run, hard-linked, else copied (``into/<target>/...``), so each is the target's own file there, as the
+    report requires. A symlink kept in a run (none is written there) is left out. Returns ``into``."""
     target_dir = Path(target_dir)
     dest = Path(into) / target_dir.name
     for earlier in runs(target_dir):
         if earlier.id > run.id:
             break
         for rel in earlier.files():
-            link = dest / rel
+            kept, link = earlier.path / rel, dest / rel
+            if kept.is_symlink():
+                continue
             link.parent.mkdir(parents=True, exist_ok=True)
             link.unlink(missing_ok=True)
-            link.symlink_to((earlier.path / rel).resolve())
+            try:
+                os.link(kept, link, follow_symlinks=False)
+            except OSError:
+                shutil.copyfile(kept, link)
     return Path(into)
 
 
