@@ -29,7 +29,7 @@ def _set(path: Path, **cells: str) -> None:
 
 
 def _hostile(work: Path) -> Path:
-    """A copy of a finished CPU run with the issue's cases planted in it; the secret lies beside ``work``."""
+    """A copy of a finished CPU run with a hostile user's cases planted in it; the secret lies beside ``work``."""
     results = work / "results"
     shutil.copytree(FIXTURE, results)
     (work.parent / "secret.json").write_text(f'{{"study": {{"response": "{MARKER}"}}}}\n')
@@ -101,8 +101,7 @@ def test_a_huge_table_is_skipped_over_the_size_limit_not_taken_for_a_benchmark(r
 
 def test_a_table_with_other_columns_names_the_missing_ones_and_is_not_called_truncated(rendered):
     problems = rendered[1]
-    assert ("cpu/bench/other.csv: not used: the table lacks column(s) target, status, reason, op, impl, size, numel"
-            in problems)
+    assert "cpu/bench/other.csv: not used: the table lacks column(s) target, status, op, impl, dtype, size" in problems
     assert "other.csv: truncated" not in problems
 
 

@@ -70,9 +70,12 @@ def declared_columns(artifact: str) -> dict[str, str] | None:
 
 
 def table_columns(artifact: str) -> tuple[str, ...] | None:
-    """The columns the table at ``artifact`` always has (the fingerprint aside: older tables may lack it)."""
-    columns = declared_columns(artifact)
-    return None if columns is None else tuple(c for c in columns if c != "fingerprint")
+    """The columns without which the table at ``artifact`` is not one the workflow wrote: its outcome and the
+    names of its cells (the others may be absent from an older table); None where it writes no table."""
+    if declared_columns(artifact) is None:
+        return None
+    key = next((key for pattern, key in CELLS.items() if matches(artifact, pattern)), None)
+    return ("target", "status", *(key.names if key else ()))
 
 
 def cell_key(artifact: str) -> CellKey | None:

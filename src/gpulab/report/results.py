@@ -134,8 +134,11 @@ class ResultsIndex:
         if truncated := _truncation(data, frame):
             self._problem(path, f"truncated table, not used: {truncated}")
             return pd.DataFrame()
+        if absent := [c for c in kinds if c not in frame.columns and c != "fingerprint"]:
+            self._problem(path, f"an older or partial table: column(s) {_names(absent)} absent, shown as missing")
+            frame = frame.reindex(columns=[*frame.columns, *absent])
         if bad := _numbers(frame, kinds):
-            self._problem(path, f"cells that are not numbers shown as missing, in column(s) {', '.join(bad)}")
+            self._problem(path, f"cells that are not numbers shown as missing, in column(s) {_names(bad)}")
         if target is not None and not frame.empty:
             frame["target"] = target
         if "reason" in frame.columns:  # all-empty reasons read as a float column of NaN
@@ -351,6 +354,11 @@ def foreign_files(root: str | Path, own: Sequence[str]) -> list[str]:
         files += [p.as_posix() for p in sorted(target.rglob("*")) if p.is_file()
                   and p.relative_to(target).parts[0] != HISTORY and not p.name.startswith(".")]
     return files
+
+
+def _names(columns: Sequence[str], shown: int = 8) -> str:
+    more = f" and {len(columns) - shown} more" if len(columns) > shown else ""
+    return ", ".join(columns[:shown]) + more
 
 
 def _size(n: int) -> str:
