@@ -211,3 +211,16 @@ def test_the_tables_the_report_knows_are_the_declared_schemas():
     assert {p: declared_columns(p) for p in TABLES} == expected, (
         "src/gpulab/schemas/tables.yaml drifted from the table schemas; write it again with:\n"
         + yaml.safe_dump(expected, sort_keys=False))
+
+
+def test_every_declared_table_path_is_one_the_report_reads():
+    import importlib
+    import re as regex
+
+    from gpulab.core.tables import TABLES, matches
+
+    for module, name in set(SCHEMAS.values()):
+        schema = getattr(importlib.import_module(module), name)
+        if schema.path:
+            glob = regex.sub(r"\{[^}]*\}", "*", schema.path)
+            assert any(matches(glob.replace("*__*", "x__y").replace("*", "x"), p) for p in TABLES), schema.path
