@@ -92,7 +92,7 @@ def _run_or_results(value: str, what: str) -> tuple[Path, str, str | None]:
 
 
 def _compare(args: argparse.Namespace, command: str) -> int:
-    from gpulab.report.render import render_report
+    from gpulab.report.render import render_report, table_limit
 
     config = _config(args.config)
     baseline, baseline_name, baseline_run = _run_or_results(args.baseline, "baseline results")
@@ -108,7 +108,7 @@ def _compare(args: argparse.Namespace, command: str) -> int:
                              workers=available_cores())
     _summarise(rendered)
     return _verdicts((baseline, baseline_name, baseline_run), (new, new_name, new_run), min_effect, args.fail_on,
-                     args.across_devices)
+                     args.across_devices, table_limit(config))
 
 
 # How many cells that are not comparable are named one by one; the rest are counted.
@@ -126,7 +126,7 @@ def _cell(row: dict[str, Any]) -> str:
 
 
 def _verdicts(baseline: tuple[Path, str, str | None], new: tuple[Path, str, str | None], min_effect: float,
-              fail_on: str | None, across_devices: bool = False) -> int:
+              fail_on: str | None, across_devices: bool, limit: int) -> int:
     """Print both runs (device, commit, configuration digest, the configuration keys that differ) and the per-cell
     verdicts; with ``--fail-on regression``, exit 1 on a regression and 2 where the gate has nothing to read."""
     from rich.markup import escape
@@ -141,7 +141,7 @@ def _verdicts(baseline: tuple[Path, str, str | None], new: tuple[Path, str, str 
     )
     from gpulab.report.results import ResultsIndex
 
-    old, now = ResultsIndex(baseline[0]), ResultsIndex(new[0])
+    old, now = (ResultsIndex(side[0], max_table_bytes=limit) for side in (baseline, new))
     devices = {}
     for target in sorted(set(old.targets) & set(now.targets)):
         sides = run_summary(old, target, baseline[2]), run_summary(now, target, new[2])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 from base64 import urlsafe_b64decode
@@ -127,9 +128,8 @@ def stale(target_dir: str | Path) -> dict[str, str]:
     latest: dict[str, list[str]] = {}
     for run in runs(target_dir):
         for job in sorted((run.path / "jobs").glob("*.json")):
-            try:
-                note = json.loads(job.read_text())
-            except (OSError, json.JSONDecodeError):
+            note = _note(job)
+            if not isinstance(note, dict):
                 continue
             latest.update({out: note.get("inputs", []) for out in note.get("outputs", [])})
     for rel, inputs in latest.items():
@@ -165,6 +165,23 @@ def record(target_dir: str | Path, run_id: str, files: Iterable[str | Path]) -> 
         copies.append(copy)
     clear_restored(target_dir, files)
     return copies
+
+
+def _note(path: Path) -> Any:
+    """A small JSON note of the history, or None: one that is no regular file (a FIFO copied in), over 1 MiB or
+    not JSON is never waited on nor read whole."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 2**20:
+            return None
+        try:
+            return json.loads(fh.read())
+        except (OSError, ValueError, RecursionError):
+            return None
 
 
 def runs(target_dir: str | Path) -> list[Run]:
@@ -206,17 +223,23 @@ def last_copy(target_dir: str | Path, rel: str, before: Run | None = None) -> tu
 
 def state_at(target_dir: str | Path, run: Run, into: str | Path) -> Path:
     """A results directory holding the target's tables as they stood after ``run``: each file's latest copy up to
-    that run, linked (``into/<target>/...``). Returns ``into``."""
+    that run, hard-linked, else copied (``into/<target>/...``), so each is the target's own file there, as the
+    report requires. A symlink kept in a run (none is written there) is left out. Returns ``into``."""
     target_dir = Path(target_dir)
     dest = Path(into) / target_dir.name
     for earlier in runs(target_dir):
         if earlier.id > run.id:
             break
         for rel in earlier.files():
-            link = dest / rel
+            kept, link = earlier.path / rel, dest / rel
+            if kept.is_symlink():
+                continue
             link.parent.mkdir(parents=True, exist_ok=True)
             link.unlink(missing_ok=True)
-            link.symlink_to((earlier.path / rel).resolve())
+            try:
+                os.link(kept, link, follow_symlinks=False)
+            except OSError:
+                shutil.copyfile(kept, link)
     return Path(into)
 
 
@@ -267,10 +290,7 @@ def restored(target_dir: str | Path) -> dict[str, dict[str, str]]:
     root = history_dir(target_dir) / RESTORED
     notes = {}
     for path in sorted(root.rglob("*.json")) if root.is_dir() else []:
-        try:
-            note = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+        note = _note(path)
         if isinstance(note, dict) and (Path(target_dir) / str(note.get("table"))).is_file():
             notes[str(note["table"])] = note
     return notes

@@ -13,6 +13,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(str(resources.files("gpulab")))
 CONFIG_SCHEMA = PACKAGE_DIR / "schemas" / "config.schema.yaml"
+TABLE_SCHEMAS = PACKAGE_DIR / "schemas" / "tables.yaml"
 KERNELS_DIR = PACKAGE_DIR / "kernels"
 # The HIP translation units, relative to the package (and to the checkout, whose kernels/ the package links): the
 # standalone program, and the extension's device code as hipcc compiles it for every AMD architecture

@@ -8,6 +8,7 @@ add the columns of :class:`gpulab.core.timing.Timing`, so each says how it was m
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
+from gpulab.core.paths import TABLE_SCHEMAS
 from gpulab.core.timing import TIMING_COLUMNS
 
 STATUSES = ("ok", "skipped", "failed", "incorrect", "oom")
@@ -40,6 +43,39 @@ CELLS = {
     "llm/*.csv": CellKey(("model", "engine", "test"), ("dtype", "n_prompt", "n_gen")),
     "build/timing_pitfalls.csv": CellKey(("impl", "method", "dtype", "size")),
 }
+
+
+@functools.cache
+def _declared() -> dict[str, dict[str, str]]:
+    with open(TABLE_SCHEMAS, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+# Every table the workflow writes under results/<target>/ (one glob per path part): the report reads these, and
+# lists any other file there as not one of its tables.
+TABLES = tuple(_declared())
+
+
+def matches(artifact: str, pattern: str) -> bool:
+    """Whether a relative path matches a glob part by part (``bench/*.csv`` is not ``bench/cells/x.csv``)."""
+    parts, globs = artifact.split("/"), pattern.split("/")
+    return len(parts) == len(globs) and all(fnmatch.fnmatchcase(p, g) for p, g in zip(parts, globs, strict=True))
+
+
+def declared_columns(artifact: str) -> dict[str, str] | None:
+    """The columns (name: kind) of the table the workflow writes at ``artifact``, those added later aside; None
+    where it writes no table. Read from ``schemas/tables.yaml``, so the report imports no step's code."""
+    named = sorted(_declared().items(), key=lambda item: item[0].count("*"))  # bench/ceilings.csv before bench/*
+    return next((dict(columns) for pattern, columns in named if matches(artifact, pattern)), None)
+
+
+def table_columns(artifact: str) -> tuple[str, ...] | None:
+    """The columns without which the table at ``artifact`` is not one the workflow wrote: its outcome and the
+    names of its cells (the others may be absent from an older table); None where it writes no table."""
+    if declared_columns(artifact) is None:
+        return None
+    key = next((key for pattern, key in CELLS.items() if matches(artifact, pattern)), None)
+    return ("target", "status", *(key.names if key else ()))
 
 
 def cell_key(artifact: str) -> CellKey | None:

@@ -207,6 +207,8 @@ def op_verdict(frame: pd.DataFrame, op: str) -> dict[str, Any] | None:
     """Which implementation is fastest in how many (size, dtype) cells, the best share of the ceiling a
     fastest row reaches, and the implementation furthest behind with its speed as a multiple of the fastest."""
     ok = _ok(frame)
+    if ok.empty:  # a table not read has no columns
+        return None
     ok = ok[pd.to_numeric(ok["median_ms"], errors="coerce") > 0]
     if ok.empty:
         return None
@@ -269,7 +271,7 @@ def verdict(results: ResultsIndex, target: str, ops: tuple[str, ...]) -> dict[st
         if path.is_file() and (found := op_verdict(results.read_csv(path, target), op)) is not None:
             bench.append(found)
     mlp_path = results.path(target, "mlp/summary.csv")
-    llm = [results.read_csv(p, target) for p in sorted(results.path(target, "llm").glob("*.csv"))]
+    llm = [results.read_csv(p, target) for p in results.known(target, "llm/*.csv")]
     llm_frame = pd.concat([f for f in llm if not f.empty], ignore_index=True) if any(not f.empty for f in llm) \
         else pd.DataFrame()
     return {"bench": bench, "mlp": mlp_verdict(results.read_csv(mlp_path, target)) if mlp_path.is_file() else None,

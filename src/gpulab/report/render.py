@@ -38,7 +38,7 @@ from gpulab.report import sections as sections_pkg
 from gpulab.report.findings import ABOVE_PCT
 from gpulab.report.formats import platforms_title
 from gpulab.report.plots import apply_style
-from gpulab.report.results import Problem, ResultsIndex
+from gpulab.report.results import MAX_TABLE_BYTES, Problem, ResultsIndex
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SIZE_BUDGET_BYTES = 5 * 2**20
@@ -241,14 +241,17 @@ def render_report(
     apply_style()
     results_dir, output = Path(results_dir), Path(output)
     strict = bool(config.get("strict", False)) if strict is None else strict
-    results = ResultsIndex(results_dir)
+    limit = table_limit(config)
+    results = ResultsIndex(results_dir, max_table_bytes=limit)
     if not results.targets:
         raise ReportError(f"{results_dir}: no results found (expected {results_dir}/<target>/...)")
+    results.survey()
     baseline = None
     if baseline_dir is not None:
-        baseline = ResultsIndex(Path(baseline_dir))
+        baseline = ResultsIndex(Path(baseline_dir), max_table_bytes=limit)
         if not baseline.targets:
             raise ReportError(f"{baseline_dir}: no baseline results found (expected {baseline_dir}/<target>/...)")
+        baseline.survey()
     ctx = ReportContext(results, output, config, command, baseline=baseline)
     env = environment()
     rendered, errors = _render_sections(ctx, env, strict, workers)
@@ -271,6 +274,11 @@ def render_report(
     if size > SIZE_BUDGET_BYTES:
         log.warning("report is %.1f MB, over its %.0f MB budget", size / 2**20, SIZE_BUDGET_BYTES / 2**20)
     return RenderedReport(output, size, [{"id": s["id"], "title": s["title"]} for s in rendered], errors)
+
+
+def table_limit(config: Mapping[str, Any]) -> int:
+    """``report.max_table_bytes``: the size over which a table is skipped, not read."""
+    return int((config.get("report") or {}).get("max_table_bytes") or MAX_TABLE_BYTES)
 
 
 def refresh_after_failure(results_dir: str | Path, config: Mapping[str, Any]) -> str | None:

@@ -138,6 +138,7 @@ def fastest(df: pd.DataFrame) -> pd.DataFrame:
     """The fastest correct implementation per target, size and dtype (incorrect rows never qualify); ``anchor``
     is each row's element id (findings.anchor), which the verdict links to."""
     ok = _ok(df)
+    ok = ok[ok["median_ms"].notna()] if not ok.empty else ok  # an ok row without its time cannot be fastest
     if ok.empty:
         return pd.DataFrame()
     best = ok.loc[ok.groupby(["target", "size", "dtype"])["median_ms"].idxmin()]

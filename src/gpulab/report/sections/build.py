@@ -166,9 +166,9 @@ def build(ctx: Any) -> dict[str, Any] | None:
         sa, ext, all_checks, pit = (_rows(f, target) for f in frames)
         chk, bad = split_checks(all_checks)
         build_dir = ctx.results.path(target, "build")
-        logs = [{"name": name, "href": ctx.link(build_dir / name)}
+        logs = [{"name": name, "href": ctx.link(path)}
                 for name in ("hip_standalone_build.log", "hip_standalone_run.log", "extension_build.log")
-                if (build_dir / name).is_file()]
+                if (path := ctx.results.own(build_dir / name))]
         incorrect = chk[chk["status"] == "incorrect"] if not chk.empty else chk
         skipped_checks = chk[chk["status"] == "skipped"] if not chk.empty else chk
         targets.append({

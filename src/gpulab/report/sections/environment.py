@@ -130,8 +130,9 @@ def build(ctx: Any) -> dict[str, Any] | None:
         device = env.get("device", {})
         backend = device.get("backend", "cpu")
         if not tools.empty and "raw_file" in tools.columns:
-            tools = tools.assign(raw=[ctx.link(env_dir / f) if isinstance(f, str) and (env_dir / f).exists() else ""
-                                      for f in tools["raw_file"]])
+            raw = [ctx.results.own_file(target, f, under="env", cell=f"{target}/env/tools.csv: raw_file")
+                   if isinstance(f, str) else None for f in tools["raw_file"]]
+            tools = tools.assign(raw=[ctx.link(p) if p else "" for p in raw])
         versions[target] = _versions(env)
         targets.append({
             "name": target,

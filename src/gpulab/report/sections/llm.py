@@ -196,12 +196,14 @@ def _responses(ctx: Any, df: pd.DataFrame) -> tuple[dict[tuple[str, str, str], s
         name = getattr(row, "text_file", None)
         if not isinstance(name, str):
             continue
-        path = ctx.results.path(row.target, f"llm/{name}")
+        path = ctx.results.own_file(row.target, name, under="llm", cell=f"{row.target}/{row.source}: text_file")
+        text = ctx.results.read_text(path) if path is not None else None
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
+            document = json.loads(text) if text is not None else None
+        except (ValueError, RecursionError):
             continue
-        run = document.get("study") or {}
+        run = document.get("study") if isinstance(document, dict) else None
+        run = run if isinstance(run, dict) else {}
         responses[(row.target, row.model, row.engine)] = run.get("response", "")
         if run:
             settings[(row.target, row.model)] = {"sampling": _sampling_text(run.get("sampling") or {}),

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from gpulab.core.ceilings import CEILINGS, RAISE_LIMIT
-from gpulab.core.device_lock import WAITS_DIR, read_waits, waited_s
+from gpulab.core.device_lock import WAITS_DIR, waited_s
 from gpulab.core.patterns import PATTERNS
 from gpulab.core.timing import (
     CPU_FLUSH_BYTES,
@@ -157,7 +157,11 @@ def _params_hash(params: Any) -> str:
 
 def _device_wait(ctx: Any, target: str, job: str) -> float:
     """Seconds the job waited for another job's measurements (its wait record, gpulab.core.device_lock)."""
-    return waited_s(read_waits(ctx.results.path(target, f"{WAITS_DIR}/{job}.jsonl")))
+    text = ctx.results.read_text(ctx.results.path(target, f"{WAITS_DIR}/{job}.jsonl"))
+    try:
+        return waited_s([json.loads(line) for line in (text or "").splitlines() if line.strip()])
+    except (ValueError, TypeError, KeyError, RecursionError):
+        return 0.0
 
 
 def step_times(ctx: Any) -> tuple[pd.DataFrame, dict[str, list[str]]]:

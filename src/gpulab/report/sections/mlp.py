@@ -148,12 +148,14 @@ def _profile_files(ctx: Any, rows: pd.DataFrame, mlp_dir: Path) -> list[dict[str
     """Per variant its trace and flame-graph stacks, linked when the variant was profiled."""
     files = []
     for row in rows.itertuples():
-        trace, stacks = mlp_dir / str(row.trace), mlp_dir / str(row.stacks)
+        trace, stacks = (ctx.results.own_file(row.target, getattr(row, c), under="mlp",
+                                              cell=f"{row.target}/mlp/summary.csv: {c} of {row.variant}")
+                         if row.status == "ok" and isinstance(getattr(row, c), str) else None
+                         for c in ("trace", "stacks"))
         files.append({
             "variant": row.variant, "status": row.status, "reason": row.reason,
-            "trace": ctx.link(trace) if trace.is_file() and row.status == "ok" else None, "trace_name": trace.name,
-            "stacks": ctx.link(stacks) if stacks.is_file() and row.status == "ok" else None,
-            "stacks_name": stacks.name,
+            "trace": ctx.link(trace) if trace else None, "trace_name": Path(str(row.trace)).name,
+            "stacks": ctx.link(stacks) if stacks else None, "stacks_name": Path(str(row.stacks)).name,
         })
     return files
 
@@ -201,8 +203,8 @@ def build(ctx: Any) -> dict[str, Any] | None:
             "figures": figures,
             "files": files,
             "kernels": kernel_rows,
-            "ops_link": ctx.link(mlp_dir / "ops.csv") if (mlp_dir / "ops.csv").is_file() else None,
-            "kernels_link": ctx.link(mlp_dir / "kernels.csv") if (mlp_dir / "kernels.csv").is_file() else None,
+            "ops_link": ctx.link(p) if (p := ctx.results.own(mlp_dir / "ops.csv")) else None,
+            "kernels_link": ctx.link(p) if (p := ctx.results.own(mlp_dir / "kernels.csv")) else None,
         })
     step_fig = plots.bars_by_target(
         summary, x="variant", y="median_ms", ylabel="time per forward+backward step (ms)",

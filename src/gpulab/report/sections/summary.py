@@ -130,8 +130,8 @@ def _gelu_ceiling_words(row: pd.Series, default: str) -> str:
 def llm_headline(results: ResultsIndex, target: str) -> Headline:
     """Decode tokens/s (llama-bench's tg test) of the biggest model measured, fastest engine."""
     base = Headline("llm_decode", "LLM decode", "tok/s", pct_of="read-only roofline")
-    frames = [results.read_csv(p, target) for p in sorted(results.path(target, "llm").glob("*.csv"))]
-    df = _ok_rows(pd.concat([f for f in frames if not f.empty], ignore_index=True)) if frames else pd.DataFrame()
+    frames = [f for p in results.known(target, "llm/*.csv") if not (f := results.read_csv(p, target)).empty]
+    df = _ok_rows(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
     if df.empty or not {"test", "tok_s"}.issubset(df.columns):
         return base
     df = df[df["test"].astype(str).str.match(r"tg\d+$")]
