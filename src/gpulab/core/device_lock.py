@@ -1,16 +1,16 @@
 """The cross-job device lock of a local run, and the record of each job's waits for it.
 
-A local run on a machine with a GPU lets three device jobs start at once (common.smk): one measures while the
-others start Python, import PyTorch, transformers or pandas and run their compilers (5-25 s a job, none of it on
-the device). This lock keeps their device work one at a time: a job takes it when it first detects the GPU
-(:func:`gpulab.core.device.detect`) and keeps it until it exits. The Snakefile names the lock file (DEVICE_LOCK_VAR);
-:mod:`gpulab.workflow.step` arms the claim in jobs that hold the ``gpu`` resource only, so CPU jobs never wait; a job's
-child process claims only when asked to (``--claim-device``, while its parent does not hold the device:
-:func:`child_should_claim`).
+A local run on a machine with a GPU lets three device jobs start at once (common.smk): one measures while the others
+start Python, import PyTorch, transformers or pandas and run their compilers (5-25 s a job, none of it on the
+device). This lock keeps their device work one at a time: a job takes it when it first detects the GPU
+(:func:`gpulab.core.device.detect`) and keeps it until it exits. The Snakefile names the lock file (in the run's
+state, gpulab.core.jobenv); :mod:`gpulab.workflow.step` arms the claim in jobs that hold the ``gpu`` resource only,
+so CPU jobs never wait; a job's child process claims only when asked to (``--claim-device``, while its parent does
+not hold the device: :func:`child_should_claim`).
 
 Every claim appends one JSON line (pid, when the claim was granted, seconds waited) to the job's wait record
-(WAITS_VAR, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's child processes
-inherit the variable and append to the same record. The report reads these records (:func:`read_waits`,
+(the state's ``device_waits``, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's
+child processes inherit it and append to the same record. The report reads these records (:func:`read_waits`,
 :func:`waited_s`) to tell a job's wait from its work.
 """
 
@@ -28,13 +28,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpulab.core import jobenv
 from gpulab.core.cores import enter_measuring
 
 log = logging.getLogger(__name__)
 
-DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
-# The job's wait record; child processes inherit it from their job.
-WAITS_VAR = "GPULAB_DEVICE_WAITS"
 WAITS_DIR = "device_waits"
 _CLAIM: dict[str, Any] = {"armed": False, "file": None}
 
@@ -60,7 +58,7 @@ def start_waits_record(log_path: str | os.PathLike[str]) -> Path:
     first claim: a job that never claims the device leaves none)."""
     path = waits_path(log_path)
     path.unlink(missing_ok=True)
-    os.environ[WAITS_VAR] = os.path.abspath(path)
+    jobenv.put("device_waits", os.path.abspath(path))
     return path
 
 
@@ -77,7 +75,7 @@ def claim_device(path: str | None = None) -> float | None:
     """Wait until no other job holds the device lock, then hold it until this process exits, on the run's measuring
     CPUs (gpulab.core.cores); returns the seconds waited (recorded in the job's wait record), or None where there is no
     lock (cluster runs, CPU-only machines) or this process holds it already."""
-    path = path or os.environ.get(DEVICE_LOCK_VAR)
+    path = path or jobenv.get("device_lock")
     if not path or _CLAIM["file"] is not None:
         return None
     start = time.monotonic()
@@ -98,7 +96,7 @@ def child_should_claim() -> bool:
 
 
 def _record_wait(waited: float) -> None:
-    record = os.environ.get(WAITS_VAR)
+    record = jobenv.get("device_waits")
     if not record:
         return
     line = json.dumps({"pid": os.getpid(), "claimed_at": time.time(), "waited_s": waited})
