@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_workflow_reruns import REPO, SMALL, copy_checkout, planned_jobs, snakemake
+from test_workflow_reruns import REPO, SMALL, copy_checkout, planned_jobs, planned_outputs, snakemake
 
 from gpulab.core import history
 
@@ -106,8 +106,8 @@ def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):
     script.write_text(script.read_text().replace(line, failing))
     proc = snakemake(work, "--configfile", "config.yaml", "small.yaml")
     assert proc.returncode != 0
-    assert (f"gpulab: results/local/bench/cells/gelu__triton.csv: kept the last good table (run "
-            f"{history.runs(done / 'results/local')[0].id}), marked stale") in proc.stderr
+    assert (f"gpulab: results/local/bench/cells/gelu__triton.csv: its re-measurement failed; kept the last good "
+            f"table (run {history.runs(done / 'results/local')[0].id}), marked stale") in proc.stderr
     assert triton.read_bytes() == good and triton.stat().st_mtime == history.STALE_MTIME
     # The report Snakemake could not render (its inputs failed) is rendered again, marking the table stale.
     assert "gpulab: reports/report.html rendered again: it marks the tables put back as stale" in proc.stderr
@@ -115,7 +115,10 @@ def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):
     assert "are stale, older than their inputs" in html and "bench/cells/gelu__triton.csv" in html
     again = snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml")
     assert "stale, the last good table of run" in again.stderr
+    # Measured again through its params (the stamp of the put-back), nothing private of Snakemake's.
     assert planned_jobs(again).get("bench_cell", 0) >= 1
+    assert "results/local/bench/cells/gelu__triton.csv" in planned_outputs(again)
+    assert "Params have changed since last execution: put_back" in again.stdout + again.stderr
     listing = subprocess.run([sys.executable, "-m", "gpulab.cli", "history"], cwd=work, capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": str(work / "src")}, timeout=120)
     assert "local: 2 run(s) kept" in listing.stdout and "stale:" in listing.stdout, listing.stdout
@@ -137,7 +140,7 @@ def test_a_killed_forced_measurement_is_measured_again_after_unlock(done, tmp_pa
     run.wait()
     assert not (work / CELL).exists()
     unlock = snakemake(work, "--unlock", "--configfile", "config.yaml", "small.yaml")
-    assert f"gpulab: {CELL}: its measurement was interrupted; the last good table" in unlock.stderr
+    assert f"gpulab: {CELL}: its re-measurement was interrupted; kept the last good table" in unlock.stderr
     assert (work / CELL).read_bytes() == good
     planned = planned_jobs(snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml"))
     # Every op's table reads every cell (one ceiling per pattern, dtype and size across them).

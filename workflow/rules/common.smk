@@ -79,11 +79,17 @@ def cell_code(wildcards):
     )
 
 
-def put_back(wildcards, output):
+def put_back(rule):
     """A `params:` entry of every step that writes a target's tables: it changes when a failed or interrupted run put
-    one back (its last good copy, gpulab.core.history), so the next run measures it again.
+    one back (its last good copy, gpulab.core.history), so the next run measures it again. A function of the
+    wildcards alone (Snakemake records no param derived from the output), so it names its rule.
     """
-    return history.put_back_stamp(RESULTS, output)
+
+    def stamp(wildcards):
+        outputs = [expand(p, **wildcards) for p in getattr(rules, rule).output]
+        return history.put_back_stamp(RESULTS, [path for paths in outputs for path in paths])
+
+    return stamp
 
 
 def target_env(wildcards):

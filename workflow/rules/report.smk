@@ -22,7 +22,7 @@ rule report_render:
     params:
         code=code("report_render.py"),
         # Changes when a failed render's page was put back (gpulab.workflow.pages): the next run renders it again.
-        put_back=lambda wildcards, output: pages.stamp(output[0]),
+        put_back=lambda wildcards: pages.stamp(config["report"]["output"]),
         results_dir=lambda wildcards: RESULTS,
         config=config,
         # Each rule's output patterns: with the jobs' benchmark records (wildcards, inputs) they give the
