@@ -156,7 +156,7 @@ def _reason(text: str, stopped: bool = False) -> list[str]:
     error = final_error(text)
     exits = exit_records(text)
     if stopped and (error is None or error.startswith("KeyboardInterrupt")):
-        last = [line for line in tail(text) if "KeyboardInterrupt" not in line]
+        last = tail(text[:text.find(TRACEBACK)] if TRACEBACK in text else text)  # what it printed, not where
         return [INTERRUPTED, *(["last lines of the log:", *(f"  {line}" for line in last)] if last else [])]
     if error and not (exits and error.startswith("SystemExit")):
         return error.splitlines()

@@ -6,6 +6,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpulab.core import history, jobenv
@@ -70,11 +71,12 @@ def on_error(run: Run, log: str, refresh: Callable[[], str | None]) -> None:
              lambda: history.record_benchmarks(run.results, jobenv.get("run_id"), run.started))
     outputs = [out for job in failed_jobs(log) for out in job.outputs]
     if stopped:
-        outputs += history.incomplete_outputs()
+        outputs += _guarded("reading Snakemake's incomplete markers", history.incomplete_outputs) or []
     why = history.INTERRUPTED if stopped else history.FAILED
     restored = _guarded("putting the last good tables back",
                         lambda: history.restore_failed(run.results, dict.fromkeys(outputs), why)) or []
     say([*restored, pages.put_back(run.page)])
     say([_guarded("the failure summary", lambda: failure_summary(run.results, run.offsets, log))])
-    if restored:
+    # Snakemake removed every output listed: a table there now was put back.
+    if any(Path(out).is_file() for out in outputs if out != run.page):
         say([_guarded("rendering the report again", refresh)])
