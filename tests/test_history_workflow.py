@@ -118,7 +118,8 @@ def test_a_failed_re_measurement_keeps_the_last_good_table(done, tmp_path):
     # Measured again through its params (the stamp of the put-back), nothing private of Snakemake's.
     assert planned_jobs(again).get("bench_cell", 0) >= 1
     assert "results/local/bench/cells/gelu__triton.csv" in planned_outputs(again)
-    assert "Params have changed since last execution: put_back" in again.stdout + again.stderr
+    reasons = again.stdout + again.stderr
+    assert "Params have changed since last execution" in reasons and "bench/cells/gelu__triton.csv@" in reasons
     listing = subprocess.run([sys.executable, "-m", "gpulab.cli", "history"], cwd=work, capture_output=True,
                              text=True, env={**os.environ, "PYTHONPATH": str(work / "src")}, timeout=120)
     assert "local: 2 run(s) kept" in listing.stdout and "stale:" in listing.stdout, listing.stdout
@@ -145,3 +146,31 @@ def test_a_killed_forced_measurement_is_measured_again_after_unlock(done, tmp_pa
     planned = planned_jobs(snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml"))
     # Every op's table reads every cell (one ceiling per pattern, dtype and size across them).
     assert planned.get("bench_cell") == 1 and planned.get("bench_aggregate") == len(SMALL["bench"]["ops"])
+
+
+def test_an_interrupted_re_measurement_is_called_an_interrupt(done, tmp_path):
+    """Ctrl-C while a forced measurement runs (SIGINT to Snakemake and its jobs, one process group): the log says
+    interrupted, the last good table is back, and the next run measures it again."""
+    work = _copy(done, tmp_path / "interrupted")
+    good = (work / CELL).read_bytes()
+    script = work / "workflow/scripts/bench_cell.py"
+    line = "    op, impl = step.wildcards.op, step.wildcards.impl\n"
+    script.write_text(script.read_text().replace(line, line + "    __import__('time').sleep(300)\n"))
+    env = {**os.environ, "GPULAB_CACHE_DIR": os.environ.get("GPULAB_CACHE_DIR", str(REPO / ".cache"))}
+    run = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config.yaml",
+                            "small.yaml", CELL, "--forcerun", CELL], cwd=work, env=env, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = work / "results/local/logs/bench_cell_gelu__native.log"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and "started" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # into the step's own code
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=300)
+    assert run.returncode != 0
+    assert f"gpulab: {CELL}: its re-measurement was interrupted; kept the last good table" in err, err[-3000:]
+    assert "gpulab: the run was interrupted (Ctrl-C or SIGINT); 1 step(s) did not finish" in err
+    assert "re-measurement failed" not in err and "step(s) failed" not in err
+    assert (work / CELL).read_bytes() == good
+    assert history.restored(work / "results/local")["bench/cells/gelu__native.csv"]["why"] == history.INTERRUPTED
+    assert CELL in planned_outputs(snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml"))
