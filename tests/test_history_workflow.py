@@ -174,3 +174,38 @@ def test_an_interrupted_re_measurement_is_called_an_interrupt(done, tmp_path):
     assert (work / CELL).read_bytes() == good
     assert history.restored(work / "results/local")["bench/cells/gelu__native.csv"]["why"] == history.INTERRUPTED
     assert CELL in planned_outputs(snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml"))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of 16 MiB (tmpfs), where this host lets the test mount one."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small filesystem needs root here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_render_on_a_full_disk_leaves_the_last_good_page(done, tmp_path, small_disk):
+    work = _copy(done, tmp_path / "full")
+    page = small_disk / "report.html"
+    setting = ("--config", f"report={{output: {page}}}")
+    first = snakemake(work, "--configfile", "config.yaml", "small.yaml", *setting)
+    assert first.returncode == 0 and page.is_file(), first.stderr[-3000:]
+    good = page.read_bytes()
+    # The disk full, as a long run's traces leave it.
+    with open(small_disk / "filler", "wb") as filler, pytest.raises(OSError, match="No space left on device"):
+        while True:
+            filler.write(b"\0" * 2**16)
+            filler.flush()
+    proc = snakemake(work, "--configfile", "config.yaml", "small.yaml", *setting, "--forcerun", "report_render")
+    assert proc.returncode != 0
+    assert "No space left on device" in proc.stderr
+    assert f"gpulab: {page}: its render did not complete; the last good page is back in place" in proc.stderr
+    assert "step(s) failed (reasons from their logs)" in proc.stderr
+    assert page.read_bytes() == good
+    (small_disk / "filler").unlink()
+    assert planned_jobs(snakemake(work, "-n", "--configfile", "config.yaml", "small.yaml", *setting)).get(
+        "report_render") == 1
