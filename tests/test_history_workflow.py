@@ -196,10 +196,10 @@ def test_a_render_on_a_full_disk_leaves_the_last_good_page(done, tmp_path, small
     assert first.returncode == 0 and page.is_file(), first.stderr[-3000:]
     good = page.read_bytes()
     # The disk full, as a long run's traces leave it.
-    with open(small_disk / "filler", "wb") as filler, pytest.raises(OSError, match="No space left on device"):
+    full = pytest.raises(OSError, match="No space left on device")
+    with open(small_disk / "filler", "wb", buffering=0) as filler, full:
         while True:
             filler.write(b"\0" * 2**16)
-            filler.flush()
     proc = snakemake(work, "--configfile", "config.yaml", "small.yaml", *setting, "--forcerun", "report_render")
     assert proc.returncode != 0
     assert "No space left on device" in proc.stderr
