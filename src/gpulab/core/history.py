@@ -3,9 +3,9 @@
 A step that completes copies its tables and its log here (:func:`record`, called by the step runner) and the
 workflow adds the jobs' benchmark records when the run ends, so a later re-measurement never replaces the only
 copy of a measurement. Snakemake deletes a job's outputs before it runs and after it fails; where a failed or
-interrupted re-measurement left a table missing, :func:`restore` puts the last good copy back, dated older than
-its inputs (so the next run measures it again and the report marks it stale) and notes why under
-``history/restored/``.
+interrupted re-measurement left a table missing, :func:`restore` puts the last good copy back, notes why under
+``history/restored/`` (the report marks it stale) and changes the step's params (:func:`put_back_stamp`), so the
+next run measures it again.
 
 A run is named by when it started (UTC), the checkout's commit (``+dirty`` with uncommitted edits) and a digest
 of the effective configuration: ``20261125T120301Z__65902a8__3f1c0e9a4b21``. ``<target dir>@<run>`` (a unique
