@@ -157,11 +157,14 @@ def test_an_interrupted_re_measurement_is_called_an_interrupt(done, tmp_path):
     line = "    op, impl = step.wildcards.op, step.wildcards.impl\n"
     script.write_text(script.read_text().replace(line, line + "    __import__('time').sleep(300)\n"))
     env = {**os.environ, "GPULAB_CACHE_DIR": os.environ.get("GPULAB_CACHE_DIR", str(REPO / ".cache"))}
-    run = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config.yaml",
-                            "small.yaml", CELL, "--forcerun", CELL], cwd=work, env=env, start_new_session=True,
+    run = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", CELL, "--configfile", "config.yaml",
+                            "small.yaml", "--forcerun", CELL], cwd=work, env=env, start_new_session=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = work / "results/local/logs/bench_cell_gelu__native.log"
     deadline = time.monotonic() + 120
+    # Snakemake removes the table and the log before the job runs; the job's own log then says it started.
+    while (work / CELL).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     while not (log.is_file() and "started" in log.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)  # into the step's own code
