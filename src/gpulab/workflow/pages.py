@@ -6,6 +6,7 @@ next run to render again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -26,12 +27,11 @@ def keep(page: str | Path) -> None:
     """Keep the page in place (always a whole one: it is written beside and moved over) as the last good one."""
     link = kept(page)
     tmp = link.with_name(link.name + ".tmp")
-    try:
+    # No page yet, or a filesystem without hard links: there is nothing to keep.
+    with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)
         os.link(page, tmp)
         os.replace(tmp, link)
-    except OSError:  # no page yet, or a filesystem without hard links: there is nothing to keep
-        tmp.unlink(missing_ok=True)
 
 
 def put_back(page: str | Path) -> str | None:
