@@ -156,7 +156,9 @@ def test_an_interrupted_run_is_called_an_interrupt(tmp_path):
     (tmp_path / "step.py").write_text(textwrap.dedent(SCRIPT.format(endings={"slow": "import time; time.sleep(120)"})))
     proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1"], cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                            # A terminal's processes take SIGINT; a test run in the background inherits it ignored.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log = tmp_path / "results/local/logs/step_slow.log"
     deadline = time.monotonic() + 120
     while not (log.is_file() and "measuring slow" in log.read_text()) and time.monotonic() < deadline:

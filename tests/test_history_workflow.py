@@ -148,6 +148,11 @@ def test_a_killed_forced_measurement_is_measured_again_after_unlock(done, tmp_pa
     assert planned.get("bench_cell") == 1 and planned.get("bench_aggregate") == len(SMALL["bench"]["ops"])
 
 
+def default_sigint() -> None:
+    """What a terminal's processes have; a test run started in the background inherits SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_re_measurement_is_called_an_interrupt(done, tmp_path):
     """Ctrl-C while a forced measurement runs (SIGINT to Snakemake and its jobs, one process group): the log says
     interrupted, the last good table is back, and the next run measures it again."""
@@ -159,7 +164,7 @@ def test_an_interrupted_re_measurement_is_called_an_interrupt(done, tmp_path):
     env = {**os.environ, "GPULAB_CACHE_DIR": os.environ.get("GPULAB_CACHE_DIR", str(REPO / ".cache"))}
     run = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "2", CELL, "--configfile", "config.yaml",
                             "small.yaml", "--forcerun", CELL], cwd=work, env=env, start_new_session=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     log = work / "results/local/logs/bench_cell_gelu__native.log"
     deadline = time.monotonic() + 120
     # Snakemake removes the table and the log before the job runs; the job's own log then says it started.
