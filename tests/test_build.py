@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.core import ops
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.tables import SchemaError
 from gpulab.core.timing import TimingSettings, is_stable
@@ -339,13 +340,12 @@ def test_cpu_extension_matches_pytorch(cpu_extension) -> None:
 
 @pytest.mark.slow
 def test_correctness_check_catches_a_wrong_operator(cpu_extension, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = ext_checks._reference
+    gelu_entry = ops.OPS["gelu"]
 
-    def reference_off_by_a_thousandth(op, inputs):
-        ref = real(op, inputs)
-        return ref * (1 + 1e-3) if op == "gelu_tanh" else ref
+    def reference_off_by_a_thousandth(x):
+        return gelu_entry.exact(x) * (1 + 1e-3)
 
-    monkeypatch.setattr(ext_checks, "_reference", reference_off_by_a_thousandth)
+    monkeypatch.setitem(ops.OPS, "gelu", replace(gelu_entry, exact=reference_off_by_a_thousandth))
     rows = ext_checks.check_ops("ci", "fp", device=CPU_TORCH, dtypes=("fp32",))
     gelu = [r for r in rows if r["op"] == "gelu_tanh"]
     assert gelu and all(r["status"] == "incorrect" for r in gelu), [r["shape"] for r in gelu if r["status"] == "ok"]
@@ -591,3 +591,26 @@ def test_fixture_tables_match_their_schemas() -> None:
             assert list(df.columns) == schema.names, f"{target}/{name}"
     with pytest.raises(SchemaError):
         PITFALLS.read(FIXTURES / "results" / "h100" / "build" / "extension.csv")
+
+
+def test_one_finder_says_where_the_device_compiler_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpulab.core.tools import find_compiler
+    from gpulab.toolchains.archs import arch
+    from gpulab.toolchains.hipcc import toolchain
+
+    bin_dir = tmp_path / "rocm" / "bin"
+    bin_dir.mkdir(parents=True)
+    hipcc = bin_dir / "hipcc"
+    hipcc.write_text("#!/bin/sh\n")
+    hipcc.chmod(0o755)
+    env = {"PATH": str(tmp_path / "nothing"), "ROCM_PATH": str(tmp_path / "rocm")}
+    assert find_compiler("hipcc", env) == str(hipcc)  # not on PATH: the toolkit's bin directory
+    assert find_compiler("hipcc", env, toolkit_dirs=False) is None
+    assert find_compiler("hipcc", {"PATH": str(bin_dir)}, toolkit_dirs=False) == str(hipcc)
+    assert find_compiler("hipcc", env, homes=[str(tmp_path / "rocm")]) == str(hipcc)  # a pinned toolkit only
+    assert find_compiler("hipcc", {"PATH": str(bin_dir)}, homes=[None]) is None
+    monkeypatch.setenv("PATH", str(bin_dir))
+    found = toolchain("hipcc", arch("gfx90a"), tmp_path)  # the AMD kernel table asks the same finder
+    assert not isinstance(found, str) and found.exe == str(hipcc)
+    hipcc.chmod(0o644)
+    assert find_compiler("hipcc", env) is None and isinstance(toolchain("hipcc", arch("gfx90a"), tmp_path), str)

@@ -170,3 +170,85 @@ def test_a_registered_op_has_its_section_in_the_report(toy_op, tmp_path):
     report = render_report(results, tmp_path / "report.html", validate_config({}), "pytest", strict=True)
     html = report.path.read_text(encoding="utf-8")
     assert "Scale by 1.5 (a toy op)" in html and "1.5 x" in html
+
+
+def _scale_by(factor: float):
+    def kernel(x):
+        return (x.float() * factor).to(x.dtype)
+    return kernel
+
+
+@pytest.fixture
+def toy_ext_op():
+    """A toy op registered with an extension op: ``torch.ops.gpulab.toy_scale`` defined in the extension's
+    namespace (as the C++ library defines its ops), its kernel swappable through ``kernel[0]``."""
+    import torch
+
+    kernel = [_scale_by(1.5)]
+    lib = torch.library.Library("gpulab", "FRAGMENT")
+    lib.define("toy_scale(Tensor x) -> Tensor")
+    lib.impl("toy_scale", lambda x: kernel[0](x), "CompositeExplicitAutograd")
+    before = dict(ops.OPS)
+    spec = ops.register_op(ops.OpSpec(
+        "toy_scale", "Scale by 1.5 (a toy extension op)", "1.5 x", "copy", n_inputs=1, ndim=1, bytes_per_element=2,
+        flops_per_element=1, input_scale=1.0, exact=lambda x: x * 1.5, manual=lambda x: x * 1.5,
+        native=lambda: lambda x: x * 1.5, ext_op="toy_scale", triton=None))
+    yield spec, kernel
+    ops.OPS.clear()
+    ops.OPS.update(before)
+    lib._destroy()
+
+
+def test_an_op_registered_with_an_extension_op_is_checked_by_the_extension_step(toy_ext_op):
+    from gpulab.native.checks import EXTENSION_CHECKS, check_ops, checked_ops
+
+    spec, kernel = toy_ext_op
+    assert spec in checked_ops() and {s.ext_op for s in checked_ops()} >= {"vector_add", "gelu_tanh", "softmax_rows"}
+    cpu = detect()
+    table = EXTENSION_CHECKS.frame(check_ops("local", "fp", device=cpu, dtypes=("fp32", "bf16"), ops=[spec]))
+    assert set(table["op"]) == {"toy_scale"} and set(table["layout"]) == {"aligned", "offset"}
+    assert (table["status"] == "ok").all(), table.loc[table["status"] != "ok", ["dtype", "shape", "reason"]]
+    assert set(table["shape"]) >= {"1", "1025", str((1 << 20) + 5)}
+    kernel[0] = _scale_by(1.501)  # a kernel a thousandth off is caught at every size
+    wrong = EXTENSION_CHECKS.frame(check_ops("local", "fp", device=cpu, dtypes=("fp32",), ops=[spec]))
+    assert (wrong["status"] == "incorrect").all()
+
+
+def _schemas() -> dict[str, object]:
+    """Every table schema the steps write, by its module-level name."""
+    from gpulab import toolchains
+    from gpulab.bench import runner, tune
+    from gpulab.core import ceilings
+    from gpulab.core.tables import TableSchema
+    from gpulab.env import capture, runtime_stack
+    from gpulab.llm import bench as llm_bench
+    from gpulab.llm import profile as llm_profile
+    from gpulab.llm import tune as llm_tune
+    from gpulab.mlp import ceilings as mlp_ceilings
+    from gpulab.mlp import profile as mlp_profile
+    from gpulab.native import checks, hip_standalone, step, timing_pitfalls
+
+    modules = (runner, tune, ceilings, capture, runtime_stack, llm_bench, llm_profile, llm_tune, mlp_ceilings,
+               mlp_profile, checks, hip_standalone, step, timing_pitfalls, toolchains)
+    found = {id(value): (f"{m.__name__}.{name}", value) for m in modules for name, value in vars(m).items()
+             if isinstance(value, TableSchema)}
+    return dict(found.values())
+
+
+def test_every_table_schema_knows_the_path_the_workflow_writes_it_at():
+    import json
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    recorded = json.loads((root / "tests" / "fixtures" / "report" / "rule_outputs.json").read_text())
+    outputs = {re.sub(r"\{(\w+),[^}]*\}", r"{\1}", p) for paths in recorded.values() for p in paths}
+    rules = "\n".join(p.read_text() for p in (root / "workflow" / "rules").glob("*.smk"))
+    outputs |= {f"results/{{target}}/{p}" for p in re.findall(r'result\("([^"]+)"\)', rules)}
+    schemas = _schemas()
+    assert len(schemas) >= 17
+    unplaced = {name: s.path for name, s in schemas.items() if f"results/{{target}}/{s.path}" not in outputs}
+    assert not unplaced, unplaced
+    from gpulab.core.ceilings import CEILINGS
+    from gpulab.llm.bench import LLM
+
+    assert CEILINGS.at() == "bench/ceilings.csv" and LLM.at(model="tiny", engine="hf") == "llm/tiny__hf.csv"

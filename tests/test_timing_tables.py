@@ -357,3 +357,18 @@ def test_each_row_records_its_flush(monkeypatch):
     large = measure(lambda: None, settings, cpu, footprint_bytes=5 * MIB)
     assert (small.flush_bytes, small.cache_policy) == (2 * MIB, "flush")
     assert (large.flush_bytes, large.cache_policy) == (0, "none")
+
+
+def test_the_standalone_program_flushes_what_the_harness_flushes():
+    """The HIP/CUDA program is given the same flush as the harness's rows on that device: an H200's 60 MiB L2
+    gives 120 MiB, and none where flushing is switched off."""
+    from gpulab.native.hip_standalone import program_args
+
+    h200 = DeviceInfo(backend="cuda", torch_version="t", hip_version=None, cuda_version="13.0", gpu_available=True,
+                      arch="sm_90", l2_cache_bytes=60 * MIB, total_memory_bytes=140 * 2**30)
+    on = TimingSettings(min_time_s=0.1, min_reps=10, max_reps=100, warmup_reps=3)
+    args = program_args([1024], on, h200)
+    assert args[args.index("--flush-mib") + 1] == "120"
+    off = program_args([1024], TimingSettings(min_time_s=0.1, min_reps=10, max_reps=100, warmup_reps=3,
+                                              flush_cache=False), h200)
+    assert off[off.index("--flush-mib") + 1] == "0"

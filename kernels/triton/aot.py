@@ -1,10 +1,7 @@
 """A kernel launch as the ahead-of-time compile table describes it (``gpulab.toolchains``), and the launches of
-an elementwise kernel.
+an elementwise kernel: its family's autotune list, with 64-bit offsets where the benchmark's sizes need them.
 
-An elementwise kernel in the style of the Triton tutorials (``<op>_kernel(*_ptr..., n_elements, OFFSETS_64,
-BLOCK_SIZE)``, launched through ``config.launch_elementwise``) needs nothing more: its launches are its family's
-autotune list, with 64-bit offsets where the benchmark's sizes need them. A kernel module that picks its own
-launches defines ``aot_launches(dtype, target)`` (softmax).
+A kernel module that picks its own launches defines ``aot_launches(dtype, target)`` (softmax).
 """
 
 from __future__ import annotations

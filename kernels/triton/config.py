@@ -1,14 +1,9 @@
 """Launch configurations shared by the Triton kernels of this directory, per architecture family.
 
-``num_warps`` counts hardware warps: 32 threads on NVIDIA and on RDNA (wave32), a 64-thread wavefront
-on CDNA (wave64). The family of the running device (``family``) picks the elementwise autotune list and
-the softmax table; ``gpulab.toolchains`` compiles exactly these choices ahead of time for every
-listed architecture and records registers, spills and occupancy (``build/kernel_resources.csv``), and
-``tests/test_kernels_compile.py`` checks from that table that no chosen configuration spills or falls
-below half occupancy on any of them. Elementwise kernels autotune over their family's list (on an H100,
-8 KiB per program with 16 warps for fp32, 8-16 KiB for bf16; autotuning happens in the first call, which
-the benchmark reports separately). Softmax picks its blocks from the row width, written in threads and
-converted with the device's warp size, so every family gets the same elements per thread.
+``num_warps`` counts hardware warps (32 threads on NVIDIA and RDNA, 64 on CDNA). The running device's family picks
+the elementwise autotune list and the softmax table, which ``gpulab.toolchains`` compiles ahead of time for every
+listed architecture (``tests/test_kernels_compile.py``: no spills, at least half occupancy); softmax's blocks are
+written in threads, so every family gets the same elements per thread.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Decode attention in Triton (flash-decoding): the one new query token of every head over a static KV cache.
 
-A decode step has one query row per head, so a fused attention kernel that gives each (batch, head) one program
-has a handful of programs for the whole GPU: cuDNN's took 15 us a layer for a 7B model on an H100, for well under
-a megabyte. Here the cache is split along its positions instead. ``decode_attention_kernel`` gives each program
-one KV head and one chunk of positions, with that KV head's query heads as the rows of its products (grouped-query
-attention reads each K/V row once for all of them); positions after ``pos`` are not read at all, so a step costs
-what the context holds, not what the cache could. Each program keeps scores, softmax and the weighted sum in
-float32 (online softmax: a running max and sum), and writes its partial output with its (max, sum);
-``decode_attention_combine_kernel`` rescales and adds the chunks of each head.
-
-RoPE and the cache write are the split kernel's too: each program rotates its query rows from the raw q/k/v
-product (rotate-half read as a second, shifted load, so the rotated rows keep the layout of a plain load and the
-products take them as they would a stored q), and the program whose chunk holds the new position rotates its k,
-stores k and v into the caches and takes them from registers for that position. A decode step's attention is two
-kernels, where a separate RoPE kernel before them made three (each a launch and a wait in a chain of about 200 a
-token). A prompt's prefill takes its rotated q and cache write from ``prefill_rope_kernel``, a block of tokens per
-program (:func:`rope_into_cache`). An earlier fold of RoPE into the split kernel, which built each rotated row from
-its two halves, cost 252 registers a thread on sm_90 (55 without) and spilled on RDNA.
+``decode_attention_kernel`` splits the cache along its positions (one KV head and one chunk a program, its query
+heads as rows, nothing read past ``pos``), keeps an online softmax in float32, applies RoPE and writes the new
+position's k and v itself; ``decode_attention_combine_kernel`` adds the chunks. ``prefill_rope_kernel`` does a
+prompt's RoPE and cache write. The design and its measurements are in docs/llm.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Matrix-vector products of a decode step in Triton, with the step's small operations fused in.
 
-A decode step multiplies one token's activations by every weight matrix: each weight is read once and each
-product is bound by memory. On an H100, cuBLAS read a 7B model's 25-33 MB attention matrices at 72% of the
-read-only bandwidth, and needs separate kernels for the norms, the bias, the residual add and the gated
-activation. ``gemv_kernel`` gives each program BLOCK_N rows of the weight, walks along them BLOCK_K columns at
-a time keeping BLOCK_N x BLOCK_K float32 partial products (one reduction at the end, not one per step), and
-adds the bias and the residual before its single store. With ``NORM`` it RMS-normalises the activations on
-the way in (each program reads all of them anyway), so the layer's norms need no kernels of their own. With
-``GATED`` the weight holds the gate rows and then the up rows of a SwiGLU MLP: each program reads both halves
-for its rows and stores silu(gate) * up, so the gate and up products never reach memory.
+``gemv_kernel`` gives each program BLOCK_N weight rows, walks them BLOCK_K columns at a time with float32 partial
+products reduced once, and adds bias and residual before its one store; ``NORM`` RMS-normalises the activations on
+the way in, ``GATED`` stores silu(gate) * up of a SwiGLU MLP. The design and its measurements are in docs/llm.md.
 """
 
 from __future__ import annotations

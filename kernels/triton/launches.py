@@ -1,11 +1,8 @@
 """Every kernel launch the benchmark can make, as (kernel, signature, constexprs, num_warps), per target, and
-the LLM fast engine's decode kernels (and its prompts' RoPE).
+the LLM fast engine's decode kernels (and its prompts' RoPE), for ``gpulab.toolchains`` to compile ahead of time.
 
-``gpulab.toolchains`` compiles these ahead of time for architectures that are not present. They are
-derived from the same functions the launchers call (``elementwise_shapes``, ``softmax.launch_choice``), so
-the table describes what runs; every op of the op registry (``gpulab.core.ops``) with Triton kernels is in it.
-The signature models a typical launch: tensors 16-byte aligned, sizes and row strides multiples of 16 (Triton
-specialises on both), and on AMD tensors under 2 GiB (buffer loads) unless 64-bit offsets are needed.
+Derived from the functions the launchers call, so the table describes what runs. The signature models a typical
+launch: 16-byte aligned tensors, sizes and row strides multiples of 16, and on AMD tensors under 2 GiB.
 """
 
 from __future__ import annotations

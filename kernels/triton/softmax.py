@@ -1,13 +1,9 @@
 """Row softmax of a 2-D tensor in Triton, in the style of the Triton tutorials.
 
-Three kernels: ``softmax_kernel`` keeps whole rows in registers (several short rows per program, so a
-65536x256 input still gives each program a few thousand elements) and touches memory once per element
-each way. Rows wider than one program's register budget take ``softmax_split_kernel`` on a GPU: SPLIT
-programs share a row, each holds its chunk in registers, and they exchange their (max, sum) through global
-memory, so every element is still read once and written once. ``softmax_looped_kernel`` is the simple
-version for wide rows (one program per row: an online max/sum pass, then a normalising pass walked
-backwards so the row's tail is still in the cache; 1.5x the bytes, so at most 67% of a copy): it runs in
-the interpreter, whose programs run one at a time, and stays a tuning candidate so the report can name both.
+``softmax_kernel`` keeps whole rows (several short ones a program) in registers; wider rows take
+``softmax_split_kernel`` on a GPU (SPLIT programs a row, exchanging (max, sum) through global memory): each element
+is read once and written once. ``softmax_looped_kernel`` (online pass, then a backward normalising pass: 1.5x the
+bytes) runs in the interpreter and stays a tuning candidate.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``gpulab``: render, compare and check reports outside Snakemake.
 
-    gpulab report  [RESULTS] [-o reports/report.html]        re-render from a results directory
-    gpulab compare BASELINE NEW [-o reports/compare.html] [--min-effect 3] [--fail-on regression]
-                   [--across-devices]                        the same report with a verdict per cell; BASELINE
-                                                             and NEW are results directories or kept runs
-                                                             (results/local@<run>, results/local/history/<run>)
-    gpulab history [RESULTS] [--target T]                    the runs kept of each target
-    gpulab check-report REPORT [--screenshot PNG] [--pdf PDF] open it in headless Chromium and check it
-    gpulab example-report [-o DIR]                           the recorded H100 and CPU runs, rendered
+Commands: ``report`` (re-render from a results directory), ``compare BASELINE NEW`` (the report with a verdict per
+cell; results directories or kept runs such as ``results/local@<run>``), ``history`` (the runs kept of each
+target), ``check-report`` (open it in headless Chromium), ``example-report`` (the recorded H100 and CPU runs).
 """
 
 from __future__ import annotations

@@ -1,3 +1,6 @@
+from gpulab.bench.impls import needs_extension
+from gpulab.core.ceilings import CEILINGS
+
 BENCH_OPS = config["bench"]["ops"]
 BENCH_IMPLS = config["bench"]["impls"]
 BENCH_SIZES = config["bench"]["sizes"]
@@ -13,7 +16,7 @@ rule bench_ceilings:
         env=result("env/env.json"),
     output:
         report(
-            result("bench/ceilings.csv"),
+            result(CEILINGS.path),
             caption="../report/ceilings.rst",
             category="Benchmarks",
         ),
@@ -41,10 +44,10 @@ rule bench_ceilings:
 rule bench_cell:
     input:
         env=result("env/env.json"),
-        ceilings=result("bench/ceilings.csv"),
+        ceilings=result(CEILINGS.path),
         # cpp_ext cells load exactly the library the build step's manifest names.
         extension=lambda w: (
-            [EXTENSION_MANIFEST.format(target=w.target)] if w.impl == "cpp_ext" else []
+            [EXTENSION_MANIFEST.format(target=w.target)] if needs_extension(w.impl) else []
         ),
     output:
         result("bench/cells/{op}__{impl}.csv"),
@@ -104,13 +107,13 @@ localrules:
 
 register_outputs(
     "bench",
-    expand(result("bench/ceilings.csv"), target=TARGETS)
+    expand(result(CEILINGS.path), target=TARGETS)
     + expand(result("bench/{op}.csv"), target=TARGETS, op=BENCH_OPS),
 )
 
 
 register_outcomes(
-    "bench_ceilings", expand(result("bench/ceilings.csv"), target=TARGETS)
+    "bench_ceilings", expand(result(CEILINGS.path), target=TARGETS)
 )
 register_outcomes(
     "bench_cell", expand(result("bench/{op}.csv"), target=TARGETS, op=BENCH_OPS)

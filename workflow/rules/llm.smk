@@ -84,7 +84,7 @@ rule llm_infer:
         model=result("llm/models/{model}.json"),
         env=result("env/env.json"),
         ceilings=lambda w: (
-            [] if w.model in LLM_ON_CPU else f"{RESULTS}/{w.target}/bench/ceilings.csv"
+            [] if w.model in LLM_ON_CPU else f"{RESULTS}/{w.target}/{CEILINGS.path}"
         ),
     output:
         csv=[

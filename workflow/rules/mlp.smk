@@ -14,14 +14,14 @@ MLP_STACKS = expand(
 rule mlp_profile:
     input:
         env=result("env/env.json"),
-        ceilings=result("bench/ceilings.csv"),
+        ceilings=result(CEILINGS.path),
     output:
         summary=report(
             result("mlp/summary.csv"),
             caption="../report/mlp.rst",
             category="MLP profile",
         ),
-        # The matmul ceiling at the MLP's own GEMM shapes (the variants' dtypes), beside bench/ceilings.csv.
+        # The matmul ceiling at the MLP's own GEMM shapes (the variants' dtypes), beside the benchmark matrix's.
         ceilings=result("mlp/ceilings.csv"),
         kernels=result("mlp/kernels.csv"),
         ops=result("mlp/ops.csv"),

@@ -23,7 +23,7 @@ rule tune_fast:
 rule tune_triton_op:
     input:
         env=result("env/env.json"),
-        ceilings=result("bench/ceilings.csv"),
+        ceilings=result(CEILINGS.path),
     output:
         result("tune/triton/{op}.csv"),
     log:
@@ -78,7 +78,7 @@ rule tune_fast_run:
             model=sorted(LLM_MODELS),
         ),
         env=result("env/env.json"),
-        ceilings=result("bench/ceilings.csv"),
+        ceilings=result(CEILINGS.path),
     output:
         result("tune/fast.csv"),
     log:

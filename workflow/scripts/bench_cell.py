@@ -4,12 +4,13 @@ from gpulab.workflow.step import Step, run, start_inductor
 
 
 def main(step: Step) -> None:
+    from gpulab.bench.impls import needs_extension, needs_inductor
     from gpulab.bench.runner import bench_cell_job
 
     op, impl = step.wildcards.op, step.wildcards.impl
-    if impl == "torch_compile":
+    if needs_inductor(impl):
         start_inductor()
-    if impl == "cpp_ext":  # the cell loads exactly the library the build step's manifest names
+    if needs_extension(impl):  # the cell loads exactly the library the build step's manifest names
         from gpulab.native import load_from_manifest
 
         manifest = step.input.extension

@@ -1,14 +1,8 @@
 """The one correctness gate: the closure that is checked is the closure that is timed.
 
-Fresh random inputs (never zeros, which hide unwritten outputs and wrong indexing) are snapshotted before
-the first call; the output is poisoned with NaN before it (the ``out=`` buffer of implementations that
-take one, which the timed calls then write again; elsewhere, on a GPU, the caching allocator's block the
-output will be carved from). The output is compared with the op's float64 reference
-(:func:`gpulab.core.ops.check`: norm error and a per-element bound per dtype; any NaN/Inf fails), and
-the inputs must be unchanged afterwards: an implementation that mutates its inputs is incorrect. The
-runner checks the output of the last timed call the same way (:func:`check_output_again`: where the
-gate's output was kept and the last timed call returned the same bits from the same, untouched inputs, the
-gate's comparison with the float64 reference is that call's too, and is not computed again).
+Fresh random inputs are snapshotted, the output poisoned with NaN, compared with the op's float64 reference
+(:func:`gpulab.core.ops.check`), and the inputs must be unchanged; :func:`check_output_again` checks the last timed
+call the same way. The method is in docs/methodology/correctness.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The five implementations every op of the registry (:mod:`gpulab.core.ops`) has, each derived from its entry.
 
-``manual``: the study's unfused PyTorch (one kernel per operator); ``native``: PyTorch's fused op (the
-baseline); ``cpp_ext``: the hand-written HIP/CUDA C++ extension (``torch.ops.gpulab.<ext_op>``, built by the
-extension step); ``triton``: the op's Triton kernel module (``kernels/triton/<op>.py``, its wrapper ``<op>``);
-``torch_compile``: ``torch.compile`` of ``manual``. An op without an extension op or Triton kernels records those
-cells as skipped.
+``manual`` (the study's unfused PyTorch), ``native`` (PyTorch's fused op, the baseline), ``cpp_ext`` (the C++
+extension's ``torch.ops.gpulab.<ext_op>``), ``triton`` (``kernels/triton/<op>.py``) and ``torch_compile`` (of
+``manual``), each registered with its :class:`~gpulab.bench.registry.Implementation` facts. An op without an extension
+op or Triton kernels records those cells as skipped.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gpulab.bench.registry import REGISTRY, BenchContext, Case, Unavailable, register_kind
+from gpulab.bench.registry import REGISTRY, BenchContext, Case, Implementation, Unavailable, register_kind
 from gpulab.core.compiled import static_compile
 from gpulab.core.device import DeviceInfo
 from gpulab.core.ops import op_spec
@@ -127,19 +126,21 @@ def compiled_manual(case: Case) -> Callable[..., torch.Tensor]:
 # ---------------------------------------------------------------- the five kinds
 
 
-@register_kind("manual")
+@register_kind(Implementation("manual", row_order=1, colour=1, study=("manual_gelu (unfused PyTorch)", 8.1)))
 def manual(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """The study's unfused PyTorch: one kernel per operator (the op's ``manual``)."""
     return _bind(op_spec(case.op).manual, inputs)
 
 
-@register_kind("native")
+@register_kind(Implementation("native", row_order=0, colour=0, goal="reference",
+                              study=("pytorch_gelu (F.gelu, fused)", 1.1)))
 def native(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """PyTorch's fused op (the op's ``native``): the baseline."""
     return _bind(op_spec(case.op).native(), inputs)
 
 
-@register_kind("cpp_ext", availability=extension_unavailable)
+@register_kind(Implementation("cpp_ext", row_order=4, colour=2, needs_extension=True, goal="held",
+                              study=("CUDA C++ kernel (load_inline)", 1.8)), availability=extension_unavailable)
 def cpp_ext(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """torch.ops.gpulab.<ext_op> from the HIP/CUDA C++ extension."""
     import torch
@@ -161,13 +162,16 @@ def triton_ahead(cases: Sequence[Case], info: DeviceInfo) -> None:
                 warm(case.shape, torch_dtype(case.dtype), target)
 
 
-@register_kind("triton", writes_out=True, availability=triton_unavailable, ahead=triton_ahead)
+@register_kind(Implementation("triton", row_order=3, colour=3, runs_triton_kernels=True, goal="held",
+                              study=("Triton kernel", 1.8)),
+               writes_out=True, availability=triton_unavailable, ahead=triton_ahead)
 def triton(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """The wrapper ``<op>(*inputs, out)`` of the op's Triton kernel module."""
     return _bind(triton_launcher(case.op), [*inputs, out])
 
 
-@register_kind("torch_compile", availability=compile_unavailable)
+@register_kind(Implementation("torch_compile", row_order=2, colour=4, needs_inductor=True, goal="reference",
+                              study=("torch.compile(manual_gelu)", 1.47)), availability=compile_unavailable)
 def torch_compile(case: Case, inputs: Sequence[torch.Tensor], out: torch.Tensor | None) -> Closure:
     """torch.compile of the op's manual version."""
     return _bind(compiled_manual(case), inputs)
@@ -180,3 +184,32 @@ def triton_launcher(op: str) -> Callable[..., torch.Tensor]:
 
 # The implementation kinds, in registration order (the config's ``bench.impls``).
 IMPLS = tuple(REGISTRY.kinds())
+IMPLEMENTATIONS = {facts.name: facts for facts in REGISTRY.implementations()}
+
+
+def in_row_order() -> list[str]:
+    """The implementations in the aggregated tables' row order."""
+    return [f.name for f in sorted(IMPLEMENTATIONS.values(), key=lambda f: f.row_order)]
+
+
+def in_colour_order() -> list[str]:
+    """The implementations by palette slot."""
+    return [f.name for f in sorted(IMPLEMENTATIONS.values(), key=lambda f: f.colour)]
+
+
+def needs_extension(impl: str) -> bool:
+    """Whether the implementation's cells load the C++ extension (through the build step's manifest)."""
+    facts = REGISTRY.implementation(impl)
+    return facts is not None and facts.needs_extension
+
+
+def runs_triton_kernels(impl: str) -> bool:
+    """Whether the implementation's cells run the op's Triton kernel module."""
+    facts = REGISTRY.implementation(impl)
+    return facts is not None and facts.runs_triton_kernels
+
+
+def needs_inductor(impl: str) -> bool:
+    """Whether the implementation's cells compile with torch.compile's Inductor."""
+    facts = REGISTRY.implementation(impl)
+    return facts is not None and facts.needs_inductor

@@ -1,15 +1,9 @@
 """The implementations of the ops: each a decorated factory returning a zero-argument closure, so that only the
-op's launch is timed.
+op's launch is timed (loading, compiling and ``out=`` allocation happen in the factory).
 
-A factory takes a :class:`Case` and the case's input tensors (already on the device) and returns a
-zero-argument closure that runs the op once and returns its output. Everything that is not the op
-itself (compilation wrappers, extension loading, output allocation for ``out=`` variants) happens in
-the factory, outside the timed region. ``out`` is a preallocated output the closure must write into,
-or None: implementations registered with ``writes_out=True`` receive the correctness gate's poisoned
-buffer there.
-
-An implementation is registered for one op (``register``) or, derived from the op registry's entry, for every
-op (``register_kind``: the five of :mod:`gpulab.bench.impls`); the op-specific one wins.
+``writes_out=True`` implementations get the correctness gate's poisoned buffer as ``out``. An implementation is
+registered for one op (``register``) or, with its :class:`Implementation` facts, for every op (``register_kind``:
+the five of :mod:`gpulab.bench.impls`); the op-specific one wins.
 """
 
 from __future__ import annotations
@@ -35,6 +29,26 @@ OpAvailability = Callable[["BenchContext", str], "Unavailable | None"]
 Ahead = Callable[[Sequence["Case"], DeviceInfo], None]
 
 BASELINE = "native"
+# What an implementation is to an op's performance goal: nothing, held to it, or one of those it is held against.
+GOAL_ROLES = ("", "held", "reference")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """The facts of one implementation of every op that the workflow, the tables and the report ask."""
+
+    name: str
+    row_order: int  # its place in the aggregated tables: the baseline first, then by how far from PyTorch
+    colour: int  # its palette slot in every figure (the baseline in the most neutral)
+    needs_extension: bool = False  # its cells load the C++ library the build step's manifest names
+    needs_inductor: bool = False  # its cells start torch.compile's Inductor compile workers first
+    runs_triton_kernels: bool = False  # its cells run the op's Triton kernel module (their code: its files)
+    goal: str = ""  # held: it is held to the op's goal (gpulab.core.ops.Goal); reference: the best of these sets it
+    study: tuple[str, float] | None = None  # the lecture's name of it and its ms on GeLU at 2^28 fp32 elements
+
+    def __post_init__(self) -> None:
+        if self.goal not in GOAL_ROLES:
+            raise ValueError(f"implementation {self.name!r}: goal {self.goal!r} is not one of {GOAL_ROLES}")
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,7 @@ class Registry:
     def __init__(self) -> None:
         self._impls: dict[tuple[str, str], Impl] = {}
         self._kinds: dict[str, tuple[Impl, OpAvailability | None]] = {}
+        self._facts: dict[str, Implementation] = {}
 
     def register(
         self, op: str, name: str, *, writes_out: bool = False, availability: Availability | None = None
@@ -102,14 +117,17 @@ class Registry:
         return decorate
 
     def register_kind(
-        self, name: str, *, writes_out: bool = False, availability: OpAvailability | None = None,
+        self, facts: Implementation, *, writes_out: bool = False, availability: OpAvailability | None = None,
         ahead: Ahead | None = None,
     ) -> Callable[[Factory], Factory]:
-        """An implementation of every registered op, built from the op's entry (``case.op``)."""
+        """An implementation of every registered op, built from the op's entry (``case.op``), with its facts."""
+        name = facts.name
+
         def decorate(factory: Factory) -> Factory:
             if name in self._kinds:
                 raise ValueError(f"implementation kind {name!r} is already registered")
             self._kinds[name] = (Impl("", name, factory, writes_out, None, _first_line(factory), ahead), availability)
+            self._facts[name] = facts
             return factory
 
         return decorate
@@ -130,6 +148,14 @@ class Registry:
     def kinds(self) -> list[str]:
         """The implementations every op has."""
         return list(self._kinds)
+
+    def implementations(self) -> list[Implementation]:
+        """The facts of the implementations every op has, in registration order."""
+        return list(self._facts.values())
+
+    def implementation(self, name: str) -> Implementation | None:
+        """The facts of one implementation every op has; None for an op-specific one."""
+        return self._facts.get(name)
 
     def __contains__(self, key: tuple[str, str]) -> bool:
         return key in self._impls or (key[1] in self._kinds and key[0] in OPS)

@@ -1,20 +1,9 @@
 """Run one cell of the matrix (an op x implementation over all sizes and dtypes): check, then time.
 
-Each case is checked by the correctness gate on fresh inputs; only a passing case is timed, with the
-project's one timing function, and what is timed is the very closure that was checked (and, when the
-cache is not flushed, closures over further input sets built the same way). The output of the last
-timed call is checked again and the inputs must still be unchanged (on a CPU, bits identical to the gate's
-output keep the gate's figures: ``check_output_again``). Every case becomes exactly one row
-whatever happens: ``ok``, ``incorrect`` (with its error figures), ``oom`` (the rest goes on),
-``skipped`` (implementation unavailable here, with the reason) or ``failed`` (it raised). Each ok row says
-whether its timing was stable and records the GPU's clocks, temperature, power and throttle reasons
-before and after. It is placed against its access pattern's ceiling at its own tensor size (the ceilings are
-measured at every size of the matrix; the nearest measured size only for a size outside it) and gets a
-``regime``: ``latency`` where that ceiling is below half the pattern's plateau, so bandwidth is not what
-sets the time (no percentage, not judged against the ceiling), else ``bandwidth``. Where ``timing.reference`` is
-on (auto: on a CPU) each case is timed beside its pattern's reference method at its own size and dtype, a block of
-each in turn: the row keeps the reference's times for ``gpulab compare``, and where the reference ran faster than
-the ceilings job's methods (which met the machine at another moment) it is the row's ceiling.
+Each case is gated (:mod:`gpulab.bench.correctness`), timed with the one timing function over the very closure
+that was checked, checked again, and becomes exactly one row whatever happens (ok, incorrect, oom, skipped, failed),
+placed against its pattern's ceiling at its own size with a ``regime``. The method is in docs/methodology/
+(timing.md, ceilings.md, correctness.md).
 """
 
 from __future__ import annotations
@@ -30,7 +19,6 @@ from typing import Any
 
 import pandas as pd
 
-import gpulab.bench.impls  # noqa: F401 - registers the implementations
 from gpulab.bench.correctness import (
     CheckResult,
     Prepared,
@@ -40,10 +28,12 @@ from gpulab.bench.correctness import (
     snapshot,
     tolerance_for,
 )
+from gpulab.bench.impls import in_row_order  # importing it registers the implementations
 from gpulab.bench.registry import REGISTRY, BenchContext, Case, Impl, Registry
 from gpulab.core import energy
 from gpulab.core.ceilings import (
     BESIDE_THE_CASE,
+    CEILINGS,
     MISS,
     PATTERN_TRANSFERS,
     STATE_COLUMNS,
@@ -118,7 +108,7 @@ BENCH = TableSchema(
                "fastest row of any op of the same pattern, dtype and size where that row beat them all "
                "(ceiling_method then names it)"),
         Column("dedicated_ceiling_gbps", "float", "the best of the dedicated ceiling methods at this size "
-               "(bench/ceilings.csv, or a reference timed beside a case of this size where that was faster)"),
+               f"({CEILINGS.path}, or a reference timed beside a case of this size where that was faster)"),
         Column("ceiling_bytes", "int", "tensor size that ceiling was measured at: tensor_bytes (exact), or the "
                "nearest measured size when the ceilings were measured for another matrix"),
         Column("ceiling_method", "str", "the method that set that ceiling"),
@@ -148,9 +138,8 @@ BENCH = TableSchema(
         *STATE_COLUMNS,
     ),
     measured=True,
+    path="bench/{op}.csv",
 )
-# Row order of the aggregated tables: the baseline first, then by how far from PyTorch they are.
-IMPL_ORDER = ("native", "manual", "torch_compile", "triton", "cpp_ext")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -326,7 +315,7 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
     rows: dict[int, dict[str, Any]] = {}
     pending: list[_Pending] = []
     notes = notes or {}
-    flusher = CacheFlusher(ctx.info, settings.for_device(ctx.info).flush_cache)
+    flusher = CacheFlusher(ctx.info, settings.flush_cache)
     for index, case, seed in cases:
         tolerance = tolerance_for(case.dtype, tolerances)
         try:
@@ -338,7 +327,7 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
                     [p.closure for p in checked.sets], timed, ctx.info, flusher, interleaved=True,
                     footprint_bytes=_set_bytes(case) + _tensor_bytes(case),
                     energy_note=note)
-                if settings.for_device(ctx.info).reference:
+                if settings.reference:
                     _add_reference(checked, settings, ctx.info, flusher)
                 pending.append(checked)
         except Exception as exc:
@@ -366,11 +355,11 @@ def _time_group(cases: Sequence[tuple[int, Case, int]], ctx: BenchContext, setti
 
 
 def reference_settings(settings: TimingSettings, info: DeviceInfo) -> TimingSettings:
-    """A share of the case's time and wall budget, and at least REFERENCE_REPS_PER_BLOCK repetitions a block."""
-    resolved = settings.for_device(info)
-    least = max(resolved.min_reps, REFERENCE_REPS_PER_BLOCK * resolved.blocks)
-    return replace(resolved, min_time_s=resolved.min_time_s * REFERENCE_SHARE, min_reps=least,
-                   max_wall_s=float(resolved.max_wall_s) * REFERENCE_SHARE, max_reps=max(resolved.max_reps, least))
+    """A share of the case's time and wall budget (``settings`` resolved for ``info``), and at least
+    REFERENCE_REPS_PER_BLOCK repetitions a block."""
+    least = max(settings.min_reps, REFERENCE_REPS_PER_BLOCK * settings.blocks)
+    return replace(settings, min_time_s=float(settings.min_time_s) * REFERENCE_SHARE, min_reps=least,
+                   max_wall_s=float(settings.max_wall_s) * REFERENCE_SHARE, max_reps=max(settings.max_reps, least))
 
 
 def _add_reference(pending: _Pending, settings: TimingSettings, info: DeviceInfo, flusher: CacheFlusher) -> None:
@@ -421,7 +410,7 @@ def _groups(cases: Sequence[tuple[int, Case, int]], settings: TimingSettings,
         out_bytes = _tensor_bytes(case)
         need = (rotation_sets(settings, info, _set_bytes(case)) + 1) * (_set_bytes(case) + out_bytes)
         need += out_bytes if keeps_gate_output(info) else 0
-        if settings.for_device(info).reference:  # the reference's input sets and outputs, of the same sizes
+        if settings.reference:  # the reference's input sets and outputs, of the same sizes
             need += rotation_sets(settings, info, _set_bytes(case)) * (_set_bytes(case) + out_bytes)
         if used + need > budget:
             groups.append([])
@@ -443,7 +432,7 @@ def run_case(
 ) -> dict[str, Any]:
     """One checked, timed case as a row (without the target/fingerprint columns)."""
     try:
-        row = _time_group([(0, case, seed)], ctx, settings, registry, tolerances)[0]
+        row = _time_group([(0, case, seed)], ctx, settings.for_device(ctx.info), registry, tolerances)[0]
     finally:
         _free_memory(case.device)
     return _with_figures(case, row, ceiling)
@@ -473,6 +462,7 @@ def run_cell(
     """
     from tqdm import tqdm
 
+    settings = settings.for_device(ctx.info)  # auto values resolved once, for every case of the cell
     unavailable = registry.get(op, impl_name).unavailable(ctx)
     cases = [Case(op, impl_name, tuple(shape), dtype, ctx.info.torch_device) for shape in shapes for dtype in dtypes]
     rows: dict[int, dict[str, Any]] = {}
@@ -487,7 +477,7 @@ def run_cell(
                       mininterval=5):
         try:
             rows.update(_time_group(group, ctx, settings, registry, tolerances,
-                                    span_s=float(settings.for_device(ctx.info).min_span_s), notes=notes))
+                                    span_s=float(settings.min_span_s), notes=notes))
         finally:
             _free_memory(ctx.info.torch_device)
     return [_cell_row(case, rows[i], ctx, fingerprint, ceilings) for i, case in enumerate(cases)]
@@ -521,7 +511,7 @@ def aggregate(cell_paths: Iterable[str | Path], op: str | None = None) -> pd.Dat
              raised_rows(df), int((df["status"] == "ok").sum()))
     if op is not None:
         df = df[df["op"] == op]
-    order = {name: i for i, name in enumerate(IMPL_ORDER)}
+    order = {name: i for i, name in enumerate(in_row_order())}
     dtype_order = {"fp32": 0, "fp16": 1, "bf16": 2}
     df = df.assign(_impl=df["impl"].map(order).fillna(len(order)), _dtype=df["dtype"].map(dtype_order).fillna(3))
     df = df.sort_values(["target", "_impl", "impl", "numel", "size", "_dtype"], kind="stable")

@@ -1,10 +1,8 @@
 """Problem sizes of the benchmark matrix: from config, or "auto" scaled to the device.
 
-Auto sizes always include the odd cases (98 432 elements, a 1823x781 softmax) that catch tail and
-masking bugs. On a GPU they climb in powers of four to the largest tensor the device comfortably holds
-(1/16 of its memory, at most 4 GiB per fp32 tensor: the unfused ``manual`` implementations keep several
-temporaries of that size alive), and include the study's 16384x16384 GeLU and the softmax shapes the
-performance targets name. On CPU they stay small so the default CPU run finishes in minutes.
+Auto sizes always include the odd cases (98 432 elements, a 1823x781 softmax) that catch tail and masking bugs; on a
+GPU they climb in powers of four to 1/16 of its memory (at most 4 GiB per fp32 tensor, as ``manual`` keeps several
+temporaries), with the study's 16384x16384 GeLU and the goals' softmax shapes; on a CPU they stay small.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Rule ``tune_triton_op``: every launch candidate of the Triton kernels, checked and timed beside the one the
 benchmark makes.
 
-For each dtype and size of the matrix (the same ``resolve_sizes`` as the bench cells), each candidate launch of
-the running device family (elementwise: the family's autotune list, ``kernels/triton/config.py``; softmax:
-``softmax.launch_candidates`` around ``launch_choice``) becomes an implementation pinned to that launch and goes
-through the bench's own case runner (:func:`gpulab.bench.runner.run_case`): the op definition's correctness
-gate, :func:`gpulab.core.timing.measure`, the ceiling at the row's own size. Each row says whether it is the launch
-the benchmark makes (``picked``: what the autotuner chose in the benchmark's own unpinned call, or the kernel
-module's ``launch_choice``) and whether it is the fastest of its case. Without Triton or a GPU each case is one
-``skipped`` row with the reason the bench cells give.
+Each candidate of the device family (the elementwise autotune list; softmax's ``launch_candidates``) is an
+implementation pinned to that launch, run through :func:`gpulab.bench.runner.run_case` at the matrix's sizes; rows
+say which launch the benchmark picks (``picked``) and which is the fastest of its case.
 """
 
 from __future__ import annotations
@@ -44,6 +39,7 @@ TUNE_TRITON = TableSchema(
         *BENCH.columns,
     ),
     measured=True,
+    path="tune/triton.csv",
 )
 
 def candidates(case: Case) -> list[tuple[str, dict[str, Any]]]:

@@ -1,33 +1,9 @@
-"""Measured hardware ceilings, per memory-access pattern and for matmul, each the best of several methods.
+"""Measured hardware ceilings, per memory-access pattern (gpulab.core.patterns) and for matmul, each the best of
+several methods timed with the project's timing function.
 
-Numbers from spec sheets are not ceilings, and neither is one method: a ceiling is the fastest of every
-way this machine was measured to do the same accesses, with the project's timing function. Memory
-patterns are measured at the exact tensor sizes the benchmark matrix uses (per pattern and dtype, from
-the same ``resolve_sizes`` the benchmark cells use), so every row is placed against a ceiling taken at
-its own size, plus the largest size, whose rate is the pattern's *plateau* (the bandwidth a large
-transfer reaches; a decode roofline uses the read plateau):
-
-- ``read`` (one read: a reduction): ``torch.sum``; a Triton block-sum (a sweep over every launch shape the
-  benchmarked Triton kernels take on the device's family: ``kernels/triton/ceiling.py``).
-- ``copy`` (one read, one write): the runtime's memcpy (``copy_``), also replayed from a device graph;
-  ``torch.neg`` into a buffer; Inductor's negation (``torch.compile``, GPUs); a Triton copy (sweep).
-- ``add`` (two reads, one write): ``torch.add`` into a buffer; Inductor's add (``torch.compile``, GPUs); a Triton
-  add (sweep).
-
-The project's C++ extension is judged against these, not one of them: as a method it would make the ceilings wait
-for the extension's build, the longest chain at the start of a GPU run. A benchmark row faster than every method
-still sets the ceiling of its pattern, dtype and size, once for every table (:func:`share_ceilings`).
-
-Where even the best method reaches less than half of the plateau (small tensors: a call takes a few
-microseconds and launch and first-access latency, not bandwidth, set the time) the size is
-*latency-bound*: a percentage of bandwidth means little there, so rows of that size are not given one.
-
-Matmul: ``torch.matmul`` over 4096³, 8192³ and the MLP's own GEMM shapes per dtype (smaller on CPU; the MLP's
-shapes in the MLP's step), and there also one of the MLP's Linear layers forward and backward in each eager
-variant's precision (autocast, bf16 weights, TF32): the path its products take, so its variants are placed against a
-ceiling of their own kind.
-Every method's row is kept (``best`` marks the winner of each pattern, dtype and size), so a reader sees
-which method set each ceiling. Triton needs a GPU: on CPU its rows are ``skipped`` with the reason.
+Memory patterns are measured at every tensor size the benchmark matrix uses plus the plateau size; matmul over square
+and the MLP's GEMM shapes. Every method's row is kept (``best`` marks the winner); a size whose best method reaches
+under half the plateau is latency-bound. The methods are in docs/methodology/ceilings.md.
 """
 
 from __future__ import annotations
@@ -46,6 +22,7 @@ import pandas as pd
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.device import max_tensor_bytes as max_tensor_bytes_of
 from gpulab.core.dtypes import ITEMSIZE, torch_dtype
+from gpulab.core.patterns import MEMORY_PATTERNS, PATTERNS
 from gpulab.core.smi import gpu_state, state_text, throttled
 from gpulab.core.tables import Column, TableSchema
 from gpulab.core.timing import TimingSettings, measure, rotation_sets
@@ -72,6 +49,7 @@ CEILINGS = TableSchema(
         *STATE_COLUMNS,
     ),
     measured=True,
+    path="bench/ceilings.csv",
 )
 # A ceiling method is rated at its fastest decile of repetitions, as STREAM and BabelStream rate a kernel by its best
 # time; the rows it judges keep their medians. Rated by its median, a method that only ties the fastest of a dozen
@@ -84,15 +62,13 @@ def ceiling_rate(amount: float, timing: Mapping[str, Any], unit: float = 1e9) ->
     return amount / (float(timing[CEILING_TIME]) / 1e3) / unit
 
 
-# Tensor-sized transfers per element of each pattern: reads + writes.
-PATTERN_TRANSFERS = {"read": 1, "copy": 2, "add": 3}
-PATTERN_INPUTS = {"read": 1, "copy": 1, "add": 2}
-# The method a CPU bench cell times beside each of its cases, a block of each in turn (``timing.reference``):
-# the runtime's own, which every device has.
-REFERENCE_METHODS = {"read": "torch.sum", "copy": "memcpy", "add": "torch.add"}
+# Per memory pattern (gpulab.core.patterns): tensor-sized transfers per element, tensors read, and the method a CPU
+# bench cell times beside each of its cases, a block of each in turn (``timing.reference``).
+PATTERN_TRANSFERS = {name: PATTERNS[name].transfers for name in MEMORY_PATTERNS}
+PATTERN_INPUTS = {name: PATTERNS[name].inputs for name in MEMORY_PATTERNS}
+REFERENCE_METHODS = {name: PATTERNS[name].reference_method for name in MEMORY_PATTERNS}
 # How a row's ceiling_method names that reference where it set the row's ceiling.
 BESIDE_THE_CASE = "(timed beside the case)"
-MEMORY_PATTERNS = tuple(PATTERN_TRANSFERS)
 MiB = 2**20
 # A size is latency-bound when its ceiling is below this share of the pattern's plateau (its ceiling at the
 # largest measured size): the best method itself cannot approach bandwidth there.
@@ -282,7 +258,6 @@ def reference_closures(pattern: str, dtype: str, tensor_bytes: int, timing: Timi
 def measure_pattern(pattern: str, dtype: str, tensor_bytes: int, methods: Mapping[str, Builder | str],
                     timing: TimingSettings, info: DeviceInfo) -> list[dict[str, Any]]:
     """All methods of one pattern at one size and dtype: one row each (the GPU state: see with_state)."""
-    timing = timing.for_device(info)  # the screen scales its settings: auto values resolved first
     moved = PATTERN_TRANSFERS[pattern] * tensor_bytes
     base = {"kind": pattern, "dtype": dtype, "size": str(tensor_bytes), "tensor_bytes": tensor_bytes,
             "bytes_moved": moved}
@@ -426,6 +401,7 @@ def measure_ceilings(
     uses and at the plateau size (``ceilings.copy_mib`` MiB, else the matrix's largest tensor of the dtype,
     else ``max_tensor_bytes``), matmul over its shapes."""
     info = device or detect()
+    timing = timing.for_device(info)  # once for every pattern and size: the screen scales the resolved values
     matrix = matrix or {}
     dtypes = list(config.get("dtypes", ["fp32", "fp16", "bf16"]))
     copy_mib = config.get("copy_mib", "auto")
@@ -477,7 +453,7 @@ MISS = Hit(math.nan, math.nan, "", math.nan)
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Lookup of one target's measured ceilings (read from ``bench/ceilings.csv``)."""
+    """Lookup of one target's measured ceilings (read from the table at ``CEILINGS.path``)."""
 
     table: pd.DataFrame
 

@@ -1,10 +1,8 @@
 """The core split of a local run on a GPU host: the job measuring on the device keeps cores of its own.
 
-The Snakefile picks the measuring cores once (:func:`plan`, config ``measure_cores``) and names them in the run's
-state (gpulab.core.jobenv); every job starts on the other cores (:func:`confine_job`) and the job that claims the
-device moves to them (:func:`enter_measuring`, from gpulab.core.device_lock) until it exits. :class:`LoadMeter`
-records how busy other processes kept the host meanwhile: the ``host_load`` column of measured rows
-(:func:`stamp_host_load`).
+The Snakefile picks the measuring cores once (:func:`plan`) and names them in the run's state (gpulab.core.jobenv);
+every job starts on the other cores (:func:`confine_job`), the job that claims the device moves to them
+(:func:`enter_measuring`); :class:`LoadMeter` records how busy other processes kept the host meanwhile.
 """
 
 from __future__ import annotations

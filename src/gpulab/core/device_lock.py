@@ -1,17 +1,9 @@
 """The cross-job device lock of a local run, and the record of each job's waits for it.
 
-A local run on a machine with a GPU lets three device jobs start at once (common.smk): one measures while the others
-start Python, import PyTorch, transformers or pandas and run their compilers (5-25 s a job, none of it on the
-device). This lock keeps their device work one at a time: a job takes it when it first detects the GPU
-(:func:`gpulab.core.device.detect`) and keeps it until it exits. The Snakefile names the lock file (in the run's
-state, gpulab.core.jobenv); :mod:`gpulab.workflow.step` arms the claim in jobs that hold the ``gpu`` resource only,
-so CPU jobs never wait; a job's child process claims only when asked to (``--claim-device``, while its parent does
-not hold the device: :func:`child_should_claim`).
-
-Every claim appends one JSON line (pid, when the claim was granted, seconds waited) to the job's wait record
-(the state's ``device_waits``, set by the step runner to ``results/<target>/device_waits/<job>.jsonl``); a job's
-child processes inherit it and append to the same record. The report reads these records (:func:`read_waits`,
-:func:`waited_s`) to tell a job's wait from its work.
+Device jobs start together but measure one at a time: a job takes the lock when it first detects the GPU and keeps it
+until it exits (jobs holding the ``gpu`` resource only; a child claims with ``--claim-device``). Every claim appends
+a JSON line to the job's wait record (the run state's ``device_waits``), which the report reads to tell a job's wait
+from its work.
 """
 
 from __future__ import annotations

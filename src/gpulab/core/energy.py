@@ -1,18 +1,8 @@
 """The device's cumulative energy counter, read around each measurement.
 
-One reader interface (:class:`Counter`: ``read()`` gives the joules the device has used since its driver
-loaded) over the vendors' counters: NVIDIA's ``nvmlDeviceGetTotalEnergyConsumption`` (millijoules, through
-``nvidia-ml-py``), AMD's ``amdsmi`` library where importable, else ``amd-smi metric --energy --json`` (joules) or,
-where amd-smi is absent, ``rocm-smi --showenergycounter --json`` (microjoules). Where there is none (a CPU, no
-NVML, no AMD tool, a MIG slice whose counter is the whole GPU's) the reader is :class:`Missing`, and its reason is
-what every row's ``energy_reason`` says: energy is then unknown, never 0.
-
-:class:`Meter` accumulates the counter's movement over the blocks of one measurement (the bench runner
-interleaves the blocks of several cases, so each block is bracketed, not the whole measurement) and turns it
-into the energy of one call (:func:`per_call`): the blocks' joules, less the cache flushes run before each
-repetition (one flush's energy is measured once per process), over the calls. A counter that did not move
-across blocks that lasted long enough to move it is frozen, one that went backwards wrapped or was reset:
-both are unknown with the reason.
+:class:`Counter` reads NVML's total energy, amdsmi, ``amd-smi`` or ``rocm-smi``; where there is none the reader is
+:class:`Missing` and its reason is every row's ``energy_reason`` (unknown, never 0). :class:`Meter` brackets each
+timed block and gives the energy of one call, less the cache flushes; a frozen or reset counter is unknown.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Every run's tables, kept: ``results/<target>/history/<time>__<commit>__<config digest>/<step>/...``.
 
-A step that completes copies its tables and its log here (:func:`record`, called by the step runner) and the
-workflow adds the jobs' benchmark records when the run ends, so a later re-measurement never replaces the only
-copy of a measurement. Snakemake deletes a job's outputs before it runs and after it fails; where a failed or
-interrupted re-measurement left a table missing, :func:`restore` puts the last good copy back, notes why under
-``history/restored/`` (the report marks it stale) and changes the step's params (:func:`put_back_stamp`), so the
-next run measures it again.
-
-A run is named by when it started (UTC), the checkout's commit (``+dirty`` with uncommitted edits) and a digest
-of the effective configuration: ``20261125T120301Z__65902a8__3f1c0e9a4b21``. ``<target dir>@<run>`` (a unique
-prefix of the name, or ``-1``, ``-2``... counting back from the latest) names the tables as they stood after that
-run (:func:`state_at`), what ``gpulab compare`` takes.
+A completed step copies its tables and log here (:func:`record`), so a re-measurement never replaces the only copy;
+:func:`restore` puts the last good copy of a table a failed re-measurement left missing back, and its step's params
+change (:func:`put_back_stamp`) so the next run measures it again. ``<target dir>@<run>`` (a prefix of the run's
+name, or ``-1``, ``-2``...) names the tables after that run.
 """
 
 from __future__ import annotations

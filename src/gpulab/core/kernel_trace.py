@@ -1,16 +1,8 @@
 """Profiler events -> kernel rows: which kernels ran, how long, in which phase, of which kind.
 
-Kernels are classified by name, for both vendors: cuBLAS/cuBLASLt (``sm90_xmma_gemm_*``,
-``ampere_sgemm_*``, ``nvjet_*``, ``cutlass*``), rocBLAS/hipBLASLt Tensile kernels (``Cijk_*``) and
-Composable Kernel GEMMs are matmuls; ATen's elementwise math kernels (GeLU forward and backward, the
-loss scaling) are activations; ATen's reduce kernels (mean, bias-gradient sums) are reductions; data
-movement (copies, the dtype casts autocast inserts, fills, memsets) and anything unrecognised is other.
-Inductor names its Triton kernels by kind (``triton_poi_`` pointwise, ``triton_red_``/``triton_per_``
-reductions, ``triton_tem_`` templates such as matmuls). The phase comes from the op that launched a
-kernel: anything under an autograd engine node is backward, anything under the step's forward range is
-forward, anything a graph replay launched is graph (one replay is the whole step).
-
-No torch import at module level: the report uses the naming helpers without loading torch.
+Kernels are classified by name for both vendors (BLAS and CK GEMMs and Inductor templates: matmul; ATen math:
+activation; reduce kernels: reduction; the rest: other); the phase comes from the op that launched the kernel
+(backward, forward, graph). No torch import at module level: the report uses the naming helpers.
 """
 
 from __future__ import annotations

@@ -106,11 +106,19 @@ class StrictModeError(RuntimeError):
 
 @dataclass(frozen=True)
 class TableSchema:
-    """The declared columns of one artifact, in order. ``measured`` adds the timing columns."""
+    """The declared columns of one artifact, in order, and where it lies under ``results/<target>/`` (a pattern
+    whose ``{wildcards}`` :meth:`at` fills in). ``measured`` adds the timing columns."""
 
     name: str
     columns: tuple[Column, ...]
     measured: bool = False
+    path: str = ""
+
+    def at(self, **wildcards: str) -> str:
+        """The table's path under ``results/<target>/`` with its wildcards filled in."""
+        if not self.path:
+            raise ValueError(f"the {self.name} table has no declared path")
+        return self.path.format(**wildcards)
 
     @property
     def all_columns(self) -> tuple[Column, ...]:

@@ -10,6 +10,26 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+# Where the toolkits install their compilers when their bin directory is not on PATH.
+TOOLKIT_DIRS = {"hipcc": ("ROCM_PATH", "ROCM_HOME", "/opt/rocm"), "nvcc": ("CUDA_HOME", "CUDA_PATH", "/usr/local/cuda")}
+
+
+def find_compiler(name: str, environ: Mapping[str, str] | None = None, *, toolkit_dirs: bool = True,
+                  homes: Sequence[str | None] | None = None) -> str | None:
+    """Where the device compiler ``name`` (hipcc, nvcc) is: in ``<home>/bin`` of ``homes`` only, where given (the
+    toolkit another tool pins, as torch's extension builder does); else on PATH, then, unless ``toolkit_dirs`` is
+    off, in its toolkit's bin directory ($ROCM_PATH, $CUDA_HOME, the default prefix)."""
+    env = os.environ if environ is None else environ
+    if homes is None:
+        found = shutil.which(name, path=env.get("PATH", ""))
+        if found or not toolkit_dirs:
+            return found
+        homes = [env.get(entry) if not entry.startswith("/") else entry for entry in TOOLKIT_DIRS[name]]
+    for home in homes:
+        if home and (candidate := Path(home) / "bin" / name).is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
 
 @dataclass(frozen=True)
 class ToolResult:

@@ -119,6 +119,7 @@ TOOLS = TableSchema(
         Column("required", "bool", "expected on this machine's backend (strict mode enforces only these)"),
         Column("raw_file", "str", "raw output under env/raw/"),
     ),
+    path="env/tools.csv",
 )
 
 

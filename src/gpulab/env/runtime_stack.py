@@ -71,6 +71,7 @@ RUNTIME_STACK = TableSchema(
         Column("vendor", "str", "amd | nvidia | pytorch | system"),
         Column("needed_by", "str", "which of torch's libraries pulled it in (';'-separated)"),
     ),
+    path="env/runtime_stack.csv",
 )
 
 

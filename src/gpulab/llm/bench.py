@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gpulab.core.ceilings import CEILINGS
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.tables import Column, TableSchema, write_atomic
 from gpulab.llm import checks, figures, profile, study
@@ -59,7 +60,7 @@ LLM = TableSchema(
                "plus the KV cache at the test's mean context length"),
         Column("gbps", "float", "achieved GB/s: bytes_per_token x tokens/s (decode rows)"),
         Column("gbps_all_weights", "float", "weight_bytes x tokens/s: the all-weights figure published numbers use"),
-        Column("ceiling_gbps", "float", "measured read-only bandwidth, GB/s (bench/ceilings.csv)"),
+        Column("ceiling_gbps", "float", f"measured read-only bandwidth, GB/s ({CEILINGS.path})"),
         Column("ceiling_pattern", "str", "read, or the pattern that stood in for it and why"),
         Column("roofline_tok_s", "float", "tokens/s if every step read bytes_per_token at ceiling_gbps"),
         Column("pct_of_ceiling", "float", "gbps as % of ceiling_gbps"),
@@ -84,6 +85,7 @@ LLM = TableSchema(
         Column("seed", "int", "seed of random weights, prompts and sampling"),
     ),
     measured=True,
+    path="llm/{model}__{engine}.csv",
 )
 
 

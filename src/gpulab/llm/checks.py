@@ -1,24 +1,9 @@
 """Correctness of the fast engines against transformers, before any of their times is trusted.
 
-- ``greedy<N>`` (``fast_exact``): its first N greedy tokens of the study's prompt equal ``generate``'s.
-- ``teacher<N>`` (``fast``, ``hf_compiled``): both engines run the same N-token sequence, its first half as a
-  prefill and the rest as decode steps fed the given tokens (transformers with its own cache, so rounding differences
-  of a prefill against decode steps are not counted against the engine). At every position the engine gives (fast:
-  all; hf_compiled, through ``generate``: the prefill's last and every decode step) its float32 logits must be
-  within ``‖Δ‖/‖ref‖ ≤ bound`` of transformers', and its greedy token must equal transformers' wherever
-  transformers' top-2 gap exceeds twice the largest logit error there (beyond that rounding cannot swap the
-  two, so a different token is a wrong token choice, not rounding).
-
-  The bound is ``llm.teacher_tolerance`` or, where larger, :data:`NOISE_MULTIPLIER` times transformers'
-  disagreement with itself (``ref_self_err``: its step-by-step run against one forward pass over the same
-  tokens, two equally valid evaluation orders of the same bf16 model). Random weights amplify rounding: on
-  the H100, random-weight Qwen2.5-7B's transformers differs from itself by 0.050, so no bf16 implementation,
-  transformers included, can meet 2e-2 there; a wrong kernel still differs by far more than twice that
-  noise (a perturbed weight is caught, see the tests). PyTorch's own compiler accuracy check
-  (``torch._dynamo.utils.same`` with an fp64 reference) allows a candidate 2x (fp32) to 3x (bf16) the
-  reference's own error in the same way.
-
-A failure's reason names the worst position; the caller marks every row of the engine ``incorrect``.
+``greedy<N>`` (``fast_exact``): its first N greedy tokens equal ``generate``'s. ``teacher<N>`` (``fast``,
+``hf_compiled``): teacher-forced logits within a bound of transformers' (``llm.teacher_tolerance``, or a multiple of
+transformers' disagreement with itself) and the same greedy token wherever rounding cannot swap the top two. A
+failure names the worst position; the method is in docs/methodology/correctness.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The engine registry: ``hf`` (transformers' ``generate``, the study's call and the reference), ``fast``
-(:mod:`gpulab.llm.fast`), ``fast_exact`` (:mod:`gpulab.llm.exact`) and ``hf_compiled`` (transformers' own fast
-path, :mod:`gpulab.llm.hf_compiled`), behind one small protocol.
+"""The engine registry: ``hf`` (transformers' ``generate``, the reference), ``fast``, ``fast_exact`` and
+``hf_compiled``, behind one small protocol.
 
-:data:`ENGINES` maps each name to its class; the class carries the engine's properties (its one-line summary,
-the correctness check its times wait for, how it is built), so the LLM step, the tuning sweep, the config and
-the report ask the registry instead of the engine's name. Importing this module does not import PyTorch (the
-config's schema lists the engines).
+:data:`ENGINES` maps each name to its class, which carries the engine's summary, its correctness check and how it is
+built, so the LLM step, the tuning sweep, the config and the report ask the registry. No PyTorch import here.
 """
 
 from __future__ import annotations

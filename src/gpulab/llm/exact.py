@@ -1,12 +1,9 @@
 """Engine ``fast_exact``: the verifier. Bit-identical to transformers' eager forward, so its greedy tokens
 equal ``generate``'s token for token, and still decoding from device graphs.
 
-Every operation gives transformers' bits: matrix products, the RMSNorm mean and SiLU stay the eager ATen
-kernels (wrapped as opaque custom ops so inductor cannot re-associate them), the fused elementwise code
-rounds to bf16 after every op as eager does (``emulate_precision_casts``), and attention is transformers'
-own attention function over the exact cache length, run eagerly between per-layer graphs because its length
-changes every step. Independent products (Q/K/V, gate/up) may run on parallel streams inside the graphs
-(``llm.fast_streams``): the same kernels, the same results.
+Products, RMSNorm and SiLU stay the eager ATen kernels (opaque custom ops), fused elementwise code rounds to bf16 after
+every op, and transformers' attention runs eagerly between per-layer graphs; independent products may run on
+parallel streams (``llm.fast_streams``).
 """
 
 from __future__ import annotations

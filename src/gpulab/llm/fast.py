@@ -1,15 +1,9 @@
-"""Engine ``fast`` (gpt-fast's design): a batched prefill (its layer compiled, flash attention) captured in two
-device graphs per prompt length (a short first one, so the device starts while the host launches the second),
-and a :func:`decode_one_token` compiled with ``torch.compile`` whose whole step,
-the token choice included, is captured in ONE device graph per sampling setting.
+"""Engine ``fast`` (gpt-fast's design): a batched prefill captured in device graphs and a compiled
+:func:`decode_one_token` whose whole step, the token choice included, is ONE device graph per sampling setting.
 
-Every buffer the graph touches lives in :class:`State`: the next input token and its position, the tokens so
-far (for the repetition penalty and the output), the end-of-sequence flag. A replay reads them and writes the
-next ones, so decoding is replay after replay with no host work and no synchronisation, except a look at the
-end-of-sequence flag every ``CHECK_EVERY`` steps when generation may stop early.
-
-Numerics differ from transformers in rounding only (fused products, a masked fixed-length attention); the
-step's honesty is checked by teacher forcing (:mod:`gpulab.llm.checks`), not by bit identity.
+Every buffer the graph touches lives in :class:`State`, so decoding is replay after replay with no host work, but a
+look at the end-of-sequence flag every ``CHECK_EVERY`` steps. Numerics differ from transformers in rounding only,
+checked by teacher forcing (:mod:`gpulab.llm.checks`).
 """
 
 from __future__ import annotations

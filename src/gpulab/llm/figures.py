@@ -1,10 +1,8 @@
-"""The timed figures, llama-bench's names: ``pp<N>`` (prefill of N random prompt tokens, tokens/s),
-``ttft<N>`` (time to the first token of that prompt, on the host), ``tg<N>`` (N tokens after a one-token
-prompt, generation forced to its length), and ``study`` (the study's prompt and call: sampling, at most
-``max_new_tokens``, stopping at end of sequence; one timed run, as the study did).
+"""The timed figures, llama-bench's names: ``pp<N>`` (prefill, tokens/s), ``ttft<N>`` (time to the first
+token), ``tg<N>`` (N forced tokens after a one-token prompt) and ``study`` (the study's prompt and call, one run).
 
-Every time goes through :func:`gpulab.core.timing.measure` (an untimed first call, then ``llm.reps`` timed
-repetitions); decode rows get bytes per token, achieved GB/s and the share of the read-only ceiling.
+Every time goes through :func:`gpulab.core.timing.measure`; decode rows get bytes per token, achieved GB/s and the
+share of the read-only ceiling.
 """
 
 from __future__ import annotations

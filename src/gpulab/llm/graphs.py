@@ -1,11 +1,8 @@
 """Device graphs of a decode step, with the one fall-back that was needed in practice: eager steps.
 
-A step is a list of segments run in order, with optional eager work between them (engine ``fast``: one
-segment, so the whole step is one graph; ``fast_exact``: one segment per layer, transformers' attention
-between them). Each segment is captured once per sampling setting after two warm-up steps on a side stream
-(compilation, autotuning and library handles happen there). HIP graphs have replay bugs on some ROCm
-releases, so graphs are a config switch (``llm.graphs``), and a failing compilation or capture makes the
-engine run eager steps, the reason kept in :attr:`Graphs.note` and recorded on every row.
+A step is a list of segments (``fast``: one, the whole step; ``fast_exact``: one per layer), each captured once per
+sampling setting after two warm-up steps on a side stream. Graphs are a switch (``llm.graphs``: HIP graphs have
+replay bugs on some ROCm releases); a failed compile or capture runs eager steps, the reason in :attr:`Graphs.note`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Model specs of config ``llm.models``: what each names, where its files are, and how it is loaded.
 
-One function, :func:`resolve_model`, turns every kind of spec into a :class:`ResolvedModel`:
-
-- ``tiny``: the small Qwen2-architecture model that rule ``llm_tiny_build`` generates (:mod:`gpulab.llm.tiny`);
-- ``random:<model id>``: the real architecture from a config.json shipped in ``gpulab/llm/configs/``, with
-  random weights made on the device at load time (speed and memory of the real model, no download);
-- a modelscope id such as ``Qwen/Qwen2.5-7B-Instruct``: ``llm.local_paths[id]`` when given, else the
-  modelscope cache (``snapshot_download(..., local_files_only=True)``: instant, no network), else a
-  download of the pinned ``llm.revisions[id]`` into ``llm.cache_dir``;
-- a directory (absolute, ``./`` or ``~`` path) holding config.json and weights.
-
-Whatever the spec, :func:`load_model` loads it through the same transformers calls.
+:func:`resolve_model` turns every spec into a :class:`ResolvedModel`: ``tiny`` (generated, :mod:`gpulab.llm.tiny`),
+``random:<model id>`` (a shipped config.json, random weights), a modelscope id (``llm.local_paths``, the local cache,
+else a download of the pinned revision) or a model directory; :func:`load_model` loads any of them the same way.
 """
 
 from __future__ import annotations

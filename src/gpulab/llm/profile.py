@@ -1,13 +1,9 @@
 """Where the time of a prefill, of a decode token and of a study token goes: each run once more under
-``torch.profiler``, each kernel's device time summed per step (one prefill of the ``pp`` prompt; one token of
-a forced-length generation after a one-token prompt, that prompt's prefill being a forward pass of one token
-too; one token of the study's call, its sampling and end-of-sequence check included) and put beside the step's
-unprofiled time (the ``pp``, ``tg`` and ``study`` rows), so the gap between the kernels and the step
-(launches, host work, idle device) is a figure too. Kernels launched as programmatic dependents (engine
-``fast``'s Triton kernels on Hopper) start before the kernel ahead of them ends and count their wait: their
-sum can exceed the step. On a CPU the unit is an ATen op's (or Inductor C++
-kernel's) own CPU time, as in the MLP profile. No torch import at module level: the report reads the table
-with these helpers.
+``torch.profiler``, its kernels' device time summed per step and put beside the step's unprofiled time.
+
+The gap between kernels and step (launches, host work, idle device) is then a figure too; programmatic-dependent
+launches count their wait, so their sum can exceed the step. On a CPU the unit is an op's own CPU time. No torch
+import at module level: the report reads the table with these helpers.
 """
 
 from __future__ import annotations
@@ -49,6 +45,7 @@ LLM_KERNELS = TableSchema(
         Column("step_us", "float", "mean time of a step in the test's own row (not profiled), microseconds"),
         Column("steps", "int", "steps run under the profiler"),
     ),
+    path="llm/kernels/{model}__{engine}.csv",
 )
 
 

@@ -1,12 +1,8 @@
-"""Qwen2 decoder in gpt-fast's shape: the weights, a static :class:`KVCache`, and one :func:`layer` that
-both the prefill (many tokens, causal flash attention) and the one-token decode step run. On a GPU the decode
-step's attention and matrix-vector products are Triton kernels (:func:`decode_attention`, :func:`linear`,
-:func:`swiglu`); elsewhere it attends over the whole static cache with later positions masked.
+"""Qwen2 decoder in gpt-fast's shape: the weights, a static :class:`KVCache`, and one :func:`layer` for the
+prefill and the decode step (on a GPU its attention and matrix-vector products are Triton kernels).
 
-The weights are the loaded transformers model's own tensors. :func:`fuse_projections` first stores each
-layer's Q/K/V and gate/up weights in one contiguous matrix and makes transformers' parameters views of it,
-so one matrix-vector product reads what three (or two) did, with no extra memory and no change to
-transformers' own forward (the same values, and its views are contiguous).
+The weights are transformers' own tensors; :func:`fuse_projections` stores each layer's Q/K/V and gate/up weights in
+one contiguous matrix with transformers' parameters as views of it, so one product reads what three (or two) did.
 """
 
 from __future__ import annotations

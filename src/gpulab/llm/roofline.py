@@ -1,10 +1,8 @@
 """What a decode step must read, and the bandwidth it is placed against.
 
-A decode step reads every weight once except the input embedding table, of which it reads one row per
-token: ``bytes_per_token`` = all parameters − the input embedding table (+ the lm_head, counted once; a
-table tied to the lm_head is read whole by the head, so it stays) + the KV cache read at the mean context
-length of the test. The ceiling is the measured read-only bandwidth (``bench/ceilings.csv``, pattern
-``read``); a ceilings table without it falls back to the copy ceiling, said so in ``ceiling_pattern``.
+``bytes_per_token`` = all parameters less the input embedding table (one row of it a token; a table tied to the
+lm_head stays), plus the KV cache at the test's mean context length. The ceiling is the measured read-only
+bandwidth, else the copy ceiling, said so in ``ceiling_pattern``.
 """
 
 from __future__ import annotations

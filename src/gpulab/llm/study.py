@@ -1,12 +1,8 @@
 """The study's LLM run: its prompt, its generation call, and the figures it reported.
 
-Source: shared/study/rocm-intro-operator-optimisation.md, section "大模型 (LLM) 推理实战". The study loads
-Qwen2.5-7B-Instruct in bf16 with ``device_map="cuda:0"``, applies the chat template to a system and a
-user message, calls ``model.generate(input_ids, max_new_tokens=512, temperature=0.7, top_p=0.9,
-pad_token_id=tokenizer.eos_token_id)`` and prints ``tokens_gen / (et - st)`` and
-``torch.cuda.max_memory_allocated() / 1024**3``. ``generate`` merges those arguments over the model's
-own generation_config.json, so the effective sampling also has that file's ``do_sample``, ``top_k`` and
-``repetition_penalty``.
+Source: shared/study/rocm-intro-operator-optimisation.md, section "大模型 (LLM) 推理实战": Qwen2.5-7B-Instruct in
+bf16, the chat template, ``generate(max_new_tokens=512, temperature=0.7, top_p=0.9)`` over the model's own
+generation_config.json, tokens over seconds and the peak allocated memory.
 """
 
 from __future__ import annotations

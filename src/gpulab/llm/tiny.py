@@ -1,10 +1,8 @@
 """The ``tiny`` model: a small Qwen2-architecture model generated locally, so the LLM step runs anywhere.
 
-Everything about it is deterministic: a byte-level BPE tokenizer trained offline (``tokenizers``) on a
-corpus the project ships (``data/tiny_corpus.txt``) with Qwen2's pre-tokenisation, Qwen2.5's chat template
-and special tokens, and random weights drawn per tensor from a generator seeded by the tensor's name.
-It is saved as an ordinary transformers model directory (config.json, generation_config.json,
-model.safetensors, tokenizer files) and then loaded by exactly the code that loads the real model.
+Deterministic: a byte-level BPE tokenizer trained on the shipped ``data/tiny_corpus.txt`` with Qwen2's
+pre-tokenisation and Qwen2.5's chat template, and random weights seeded by each tensor's name, saved as an ordinary
+transformers model directory and loaded by the code that loads the real model.
 """
 
 from __future__ import annotations

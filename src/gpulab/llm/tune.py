@@ -1,13 +1,8 @@
 """Rule ``tune_fast``: engine fast's decode speed under named variants of its compilation and device graphs.
 
-Each variant is a :class:`~gpulab.llm.graphs.GraphSettings` (torch.compile on or off, device graphs on or off,
-an Inductor mode or option). For every model of ``llm.models``, each variant builds engine fast over the same
-loaded weights and runs the LLM step's own ``tg`` figure (:func:`gpulab.llm.figures.tg`: a greedy decode of
-``tokens`` tokens after a one-token prompt, through :func:`gpulab.core.timing.measure`, placed against the
-read-only ceiling), then its greedy tokens on the study's prompt are compared with the default variant's (the
-settings ``llm.compile`` and ``llm.graphs`` give the workflow's engine): a mismatch is marked in
-``tokens_match_default``, never hidden. Variants that need device graphs are ``skipped`` without a GPU; a
-variant whose compilation or capture fell back to eager steps is ``failed``, since it did not run as named.
+Each variant (a :class:`~gpulab.llm.graphs.GraphSettings`) builds engine fast over the same weights and runs the
+step's ``tg`` figure; its greedy tokens are compared with the default variant's (``tokens_match_default``). Variants
+that need graphs are skipped without a GPU; one that fell back to eager steps is ``failed``.
 """
 
 from __future__ import annotations
@@ -64,6 +59,7 @@ TUNE_FAST = TableSchema(
         _LLM_COLUMNS["seed"],
     ),
     measured=True,
+    path="tune/fast.csv",
 )
 
 

@@ -7,12 +7,25 @@ from :mod:`gpulab.core.ceilings` so a benchmark cell's code does not include the
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from gpulab.core.ceilings import Gemm, ceiling_rate, mark_best, matmul_modes, measure_matmul, timed_row, with_state
+from gpulab.core.ceilings import (
+    CEILINGS,
+    Gemm,
+    ceiling_rate,
+    mark_best,
+    matmul_modes,
+    measure_matmul,
+    timed_row,
+    with_state,
+)
 from gpulab.core.device import DeviceInfo, detect
 from gpulab.core.timing import TimingSettings
 from gpulab.mlp.model import VARIANTS, MLPShape, matmul_flops
+
+# The MLP's own matmul ceilings: the ceilings table's columns, beside the benchmark matrix's.
+MLP_CEILINGS = replace(CEILINGS, path="mlp/ceilings.csv")
 
 
 def measure_gemm_ceilings(dtypes: Sequence[str], gemms: Sequence[Gemm], timing: TimingSettings, *, target: str,
@@ -20,7 +33,7 @@ def measure_gemm_ceilings(dtypes: Sequence[str], gemms: Sequence[Gemm], timing: 
                           device: DeviceInfo | None = None) -> list[dict[str, Any]]:
     """The matmul ceiling at a workload's own GEMM shapes only (the MLP's, measured by its own step), and on the
     MLP's own path (``mlp``: its shape; measure_mlp_path): a workload's settings then never re-measure the
-    benchmark matrix's ceilings (bench/ceilings.csv)."""
+    benchmark matrix's ceilings (``CEILINGS.path``)."""
     info = device or detect()
     modes = matmul_modes(dtypes, info)
     rows = measure_matmul(modes, gemms, timing, info, squares=False)

@@ -75,7 +75,7 @@ class Variant:
     per step, and what it is checked to."""
 
     name: str
-    ceiling_dtype: str  # the matmul ceiling row (bench/ceilings.csv) this variant is placed against
+    ceiling_dtype: str  # the matmul ceiling row (gpulab.core.ceilings) this variant is placed against
     description: str
     allow_tf32: bool = False
     autocast_bf16: bool = False

@@ -1,13 +1,8 @@
 """Run the MLP profile of one target: every variant checked, timed, profiled, written to ``mlp/``.
 
-Per variant: the closure that will be timed (an eager step, or the replay of the step captured in a
-CUDA/HIP graph) runs once and its output and last-layer weight gradient are compared with a float64
-reference; a variant that fails is recorded ``incorrect`` and neither timed nor profiled. Then the
-allocator's peak over one step, the closure timed with :func:`gpulab.core.timing.measure` (and the last timed
-call's results checked again), then ``num_steps`` calls under ``torch.profiler`` whose Chrome trace,
-flame-graph stacks, operator table and device kernels are written. A variant that cannot run here (TF32
-off CUDA, graphs without a GPU) or breaks (out of memory, a compiler missing, graph capture refused) is a
-recorded row with its reason; its trace and stacks files say the same.
+Per variant the timed closure (an eager step or a graph replay) is checked against a float64 reference first (a
+failing one is ``incorrect``, neither timed nor profiled), then its peak memory, its timing and ``num_steps`` calls
+under ``torch.profiler`` (trace, stacks, op table, kernels); a variant that cannot run here is a row with its reason.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ import pandas as pd
 import torch
 from torch.profiler import record_function
 
-from gpulab.core.ceilings import MISS, Ceilings, above_ceiling, pct_of
+from gpulab.core.ceilings import CEILINGS, MISS, Ceilings, above_ceiling, pct_of
 from gpulab.core.device import DeviceInfo, detect, synchronize, teardown_profiler_after_use, warm_on_side_stream
 from gpulab.core.energy import ENERGY_SPAN_S, per_unit
 from gpulab.core.kernel_trace import (
@@ -61,7 +56,7 @@ MLP_SUMMARY = TableSchema(
                "tf32_graph | bf16_graph | bf16_weights (bf16 parameters, no autocast) | bf16_weights_graph; "
                "*_graph: the whole step replayed as one CUDA/HIP graph"),
         Column("ceiling_dtype", "str",
-               "matmul ceiling (bench/ceilings.csv, mlp/ceilings.csv) the variant is placed against"),
+               f"matmul ceiling ({CEILINGS.path}, mlp/ceilings.csv) the variant is placed against"),
         Column("dim", "int", "hidden size"),
         Column("num_layers", "int", "Linear -> GeLU layers"),
         Column("batch", "int", "rows of the input"),
@@ -72,7 +67,7 @@ MLP_SUMMARY = TableSchema(
         Column("step_matmul_flops", "float", "matmul FLOPs of one forward+backward step, 2·B·D²·(3L-1)"),
         Column("tflops", "float", "achieved matmul TFLOP/s at the median step time"),
         Column("ceiling_tflops", "float", "measured matmul ceiling of ceiling_dtype on this target"),
-        Column("ceiling_method", "str", "the method and shape that set ceiling_tflops (bench/ceilings.csv)"),
+        Column("ceiling_method", "str", f"the method and shape that set ceiling_tflops ({CEILINGS.path})"),
         Column("pct_of_ceiling", "float", "tflops as % of ceiling_tflops"),
         Column("above_ceiling", "bool", "tflops exceeds ceiling_tflops by more than the spread (p90/p10) of both: "
                "then the ceiling is not trustworthy (as a benchmark row is judged)"),
@@ -93,6 +88,7 @@ MLP_SUMMARY = TableSchema(
         Column("stacks", "str", "collapsed stacks for a flame graph (export_stacks), next to this file"),
     ),
     measured=True,
+    path="mlp/summary.csv",
 )
 
 MLP_KERNELS = TableSchema(
@@ -111,6 +107,7 @@ MLP_KERNELS = TableSchema(
         Column("time_per_step_us", "float", "time_us per profiled step"),
         Column("share", "float", "fraction of the variant's total kernel time"),
     ),
+    path="mlp/kernels.csv",
 )
 
 MLP_OPS = TableSchema(
@@ -126,6 +123,7 @@ MLP_OPS = TableSchema(
         Column("self_device_us", "float", "device time excluding children (µs)"),
         Column("user_annotation", "bool", "a record_function range rather than an op"),
     ),
+    path="mlp/ops.csv",
 )
 
 def trace_name(variant: str) -> str:

@@ -1,10 +1,8 @@
-"""The extension step's checks table: every operator against a float64 reference, and every operator
-given bad input, the bad calls in a process of their own so that a crash is a recorded ``failed`` row.
+"""The extension step's checks table: every op of the registry with an extension op against its float64
+reference, and every operator given bad input, the bad calls in a process of their own (a crash is a ``failed`` row).
 
-Correctness: fresh random inputs per case, odd sizes and sub-vector tails, views that are not 16-byte
-aligned, all three dtypes; outputs are poisoned with NaN first. Bad input: each case must raise a
-RuntimeError whose message names the problem (and the offending shape/strides/dtype/device), or, for
-empty tensors, return an empty result of the input's shape.
+Correctness: the entry's inputs at odd sizes, unaligned views, all three dtypes, outputs poisoned with NaN. Bad input:
+a RuntimeError naming the problem and the offending tensor, or an empty result for empty tensors.
 """
 
 from __future__ import annotations
@@ -19,14 +17,14 @@ from typing import Any
 
 from gpulab.core.device import DeviceInfo, detect, probe
 from gpulab.core.device_lock import child_should_claim
-from gpulab.core.ops import GELU_C2
+from gpulab.core.ops import OPS, OpSpec, kernel_tolerance
 from gpulab.core.tables import Column, TableSchema
 from gpulab.core.tools import run_tool
 
 EXTENSION_CHECKS = TableSchema(
     "extension_checks",
     (
-        Column("op", "str", "vector_add | gelu_tanh | softmax_rows"),
+        Column("op", "str", "the extension op (torch.ops.gpulab.<op>): an op registry entry's ext_op"),
         Column("dtype", "str", "fp32 | fp16 | bf16 (bad input: the dtype of the input, e.g. int64)"),
         Column("shape", "str", "input shape"),
         Column("layout", "str", "aligned | offset (a view 1 element into its storage: not 16-byte aligned); "
@@ -43,64 +41,44 @@ EXTENSION_CHECKS = TableSchema(
         Column("expected", "str", "bad input: what the call must do (raise naming ..., or return empty)"),
         Column("message", "str", "bad input: the error the call raised, or what it did instead"),
     ),
+    path="build/extension_checks.csv",
 )
-
-# (rtol, atol) per dtype: fp32 arithmetic, then rounding to the output dtype (2^-11 fp16, 2^-8 bf16).
-TOLERANCES = {"fp32": (1e-5, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (8e-3, 1e-5)}
-SOFTMAX_ATOL = 1e-7  # softmax outputs are tiny for long rows: an absolute slack would hide errors
-
 
 # ------------------------------------------------------------------------------------- correctness
 
 
-def check_shapes(on_gpu: bool) -> dict[str, list[tuple[int, ...]]]:
-    """Sizes that are not multiples of any block or vector width, tails included, plus a few round ones."""
-    elementwise = [(1,), (3,), (7,), (8,), (1023,), (1025,), (4097,), (98433,), (1 << 20,), ((1 << 20) + 5,)]
-    softmax = [(1, 1), (3, 7), (5, 33), (7, 256), (4, 1000), (16, 1024), (3, 1500), (2, 4097), (4, 16384),
-               (2, 20000), (2, 40000), (1, 100003)]
-    if on_gpu:
-        elementwise += [(3 * (1 << 22) + 7,)]
-        softmax += [(129, 8), (1000, 256), (257, 1024), (33, 16384), (2, 24576), (3, 65536), (2, 131072)]
-    return {"vector_add": elementwise, "gelu_tanh": elementwise, "softmax_rows": softmax}
+def checked_ops() -> list[OpSpec]:
+    """The registered ops the extension has (an ``ext_op``): the ones this step checks."""
+    return [spec for spec in OPS.values() if spec.ext_op]
 
 
-def _reference(op: str, inputs: Sequence[Any]) -> Any:
-    import torch
-
-    x = [t.double() for t in inputs]
-    if op == "vector_add":
-        return x[0] + x[1]
-    if op == "gelu_tanh":
-        v = x[0]
-        return 0.5 * v * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (v + GELU_C2 * v**3)))
-    return torch.softmax(x[0], dim=-1)
-
-
-def _native(op: str, inputs: Sequence[Any]) -> Any:
-    import torch
-
-    if op == "vector_add":
-        return inputs[0] + inputs[1]
-    if op == "gelu_tanh":
-        return torch.nn.functional.gelu(inputs[0], approximate="tanh")
-    return torch.softmax(inputs[0], dim=-1)
+def check_shapes(spec: OpSpec, on_gpu: bool) -> list[tuple[int, ...]]:
+    """Sizes of the op's rank that are not multiples of any block or vector width, tails included, plus a few
+    round ones."""
+    if spec.ndim == 1:
+        shapes = [(1,), (3,), (7,), (8,), (1023,), (1025,), (4097,), (98433,), (1 << 20,), ((1 << 20) + 5,)]
+        return [*shapes, (3 * (1 << 22) + 7,)] if on_gpu else shapes
+    shapes = [(1, 1), (3, 7), (5, 33), (7, 256), (4, 1000), (16, 1024), (3, 1500), (2, 4097), (4, 16384),
+              (2, 20000), (2, 40000), (1, 100003)]
+    more = [(129, 8), (1000, 256), (257, 1024), (33, 16384), (2, 24576), (3, 65536), (2, 131072)]
+    return shapes + more if on_gpu else shapes
 
 
-def _inputs(op: str, shape: tuple[int, ...], dtype: Any, layout: str, dev: str, gen: Any) -> list[Any]:
-    """Fresh inputs, scaled so softmax rows have a real spread and GeLU sees both tails."""
+def _inputs(spec: OpSpec, shape: tuple[int, ...], dtype: Any, layout: str, dev: str, gen: Any) -> list[Any]:
+    """Fresh inputs drawn as the op's entry says (randn * input_scale), ``offset`` ones a view 1 element in."""
     import torch
 
     numel = math.prod(shape)
     start = 1 if layout == "offset" else 0
-    storage = [(torch.randn(numel + 1, generator=gen) * 3).to(dtype).to(dev)
-               for _ in range(2 if op == "vector_add" else 1)]
+    storage = [(torch.randn(numel + 1, generator=gen) * spec.input_scale).to(dtype).to(dev)
+               for _ in range(spec.n_inputs)]
     return [s[start:start + numel].view(shape) for s in storage]
 
 
-def _compare(op: str, out: Any, inputs: Sequence[Any], rtol: float, atol: float) -> dict[str, Any]:
+def _compare(spec: OpSpec, out: Any, inputs: Sequence[Any], rtol: float, atol: float) -> dict[str, Any]:
     import torch
 
-    ref = _reference(op, inputs)
+    ref = spec.reference(*inputs)
     out64 = out.double()
     err = (out64 - ref).abs()
     unwritten = int((~torch.isfinite(out64)).sum())
@@ -108,41 +86,44 @@ def _compare(op: str, out: Any, inputs: Sequence[Any], rtol: float, atol: float)
     norm = float(ref.norm())
     reason = "" if within else f"|out - ref| exceeds {atol:g} + {rtol:g}|ref|" + (
         f"; {unwritten} non-finite outputs" if unwritten else "")
+    native = spec.native()(*inputs)
     return {"status": "ok" if within and out.dtype == inputs[0].dtype else "incorrect", "reason": reason,
             "max_abs_err": float(err.max()) if out.numel() else 0.0,
             "rel_err": float((out64 - ref).norm()) / norm if norm else 0.0,
-            "max_abs_diff_native": float((out64 - _native(op, inputs).double()).abs().max()) if out.numel() else 0.0,
+            "max_abs_diff_native": float((out64 - native.double()).abs().max()) if out.numel() else 0.0,
             "unwritten": unwritten}
 
 
 def check_ops(target: str, fingerprint: str, device: DeviceInfo | None = None,
-              dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), seed: int = 0) -> list[dict[str, Any]]:
-    """Each operator against a float64 reference on fresh random inputs, outputs poisoned beforehand."""
+              dtypes: Sequence[str] = ("fp32", "fp16", "bf16"), seed: int = 0,
+              ops: Sequence[OpSpec] | None = None) -> list[dict[str, Any]]:
+    """Each extension op (default: :func:`checked_ops`) against its float64 reference on fresh random inputs,
+    outputs poisoned beforehand; every op draws its inputs from ``seed``."""
     import torch
 
     from gpulab.core.dtypes import torch_dtype
 
     info = device or detect()
     dev = info.torch_device
-    gen = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
-    for op, shapes in check_shapes(info.gpu_available).items():
-        fn = getattr(torch.ops.gpulab, op)
+    for spec in checked_ops() if ops is None else ops:
+        fn = getattr(torch.ops.gpulab, str(spec.ext_op))
+        gen = torch.Generator(device="cpu").manual_seed(seed)
         for dtype in dtypes:
-            rtol, atol = TOLERANCES[dtype]
-            atol = SOFTMAX_ATOL if op == "softmax_rows" else atol
-            for shape in shapes:
+            rtol, atol = kernel_tolerance(spec, dtype)
+            for shape in check_shapes(spec, info.gpu_available):
                 for layout in ("aligned", "offset"):
-                    inputs = _inputs(op, shape, torch_dtype(dtype), layout, dev, gen)
+                    inputs = _inputs(spec, shape, torch_dtype(dtype), layout, dev, gen)
                     # The caching allocator hands the freed NaN block to the operator's output.
                     del_poison = torch.full(shape, float("nan"), dtype=torch_dtype(dtype), device=dev)
                     del del_poison
                     out = fn(*inputs)
                     if info.gpu_available:
                         torch.cuda.synchronize()
-                    rows.append({"target": target, "fingerprint": fingerprint, **_compare(op, out, inputs, rtol, atol),
-                                 "op": op, "dtype": dtype, "shape": "x".join(map(str, shape)), "layout": layout,
-                                 "device": dev, "rtol": rtol, "atol": atol, "kind": "correctness"})
+                    rows.append({"target": target, "fingerprint": fingerprint,
+                                 **_compare(spec, out, inputs, rtol, atol), "op": spec.ext_op, "dtype": dtype,
+                                 "shape": "x".join(map(str, shape)), "layout": layout, "device": dev,
+                                 "rtol": rtol, "atol": atol, "kind": "correctness"})
     return rows
 
 

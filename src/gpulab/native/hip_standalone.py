@@ -1,18 +1,14 @@
 """The standalone HIP vector-add program (``kernels/hip/vector_add.hip``): build it, run it, record both.
 
-The compiler follows the machine: ``hipcc --offload-arch=<arch>`` where PyTorch is a ROCm build (the
-arch from :func:`gpulab.core.device.offload_archs`: detected, ``HSA_OVERRIDE_GFX_VERSION``, or pinned), ``nvcc``
-(through ``kernels/hip/hip_compat.h``) where it is a CUDA build, and on a CPU-only machine hipcc if it is
-installed (the study's toolchain; gfx90a when no GPU says otherwise), else nvcc. The build is always
-recorded. The program then runs; without a GPU of that kind it fails loudly (it checks every runtime
-call), and the run is recorded as skipped with the detector's reason and the program's own message.
+The compiler follows the machine (:func:`gpulab.core.tools.find_compiler`): hipcc where PyTorch is a ROCm build,
+nvcc through ``hip_compat.h`` where it is a CUDA build, on a CPU-only machine hipcc if installed, else nvcc. The
+build is always recorded; without a GPU of that kind the run is recorded as skipped with both reasons.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,8 +18,8 @@ from typing import Any
 from gpulab.core.device import DeviceInfo, detect, offload_archs, probe
 from gpulab.core.paths import HIP_PROGRAM, PACKAGE_DIR, default_cache_root
 from gpulab.core.tables import Column, TableSchema, write_atomic
-from gpulab.core.timing import TimingSettings, is_stable, summarize
-from gpulab.core.tools import ToolResult, run_tool
+from gpulab.core.timing import TimingSettings, flush_bytes, is_stable, summarize
+from gpulab.core.tools import ToolResult, find_compiler, run_tool
 
 SOURCE = PACKAGE_DIR / HIP_PROGRAM
 BYTES_PER_ELEMENT = 3 * 4  # two float32 reads and one write
@@ -50,6 +46,7 @@ HIP_STANDALONE = TableSchema(
         Column("log_file", "str", "raw output of the phase, next to this table"),
     ),
     measured=True,
+    path="build/hip_standalone.csv",
 )
 
 
@@ -62,29 +59,13 @@ class StandalonePlan:
     no_gpu_reason: str
 
 
-# Where the toolkits install their compilers when their bin directory is not on PATH.
-TOOLKIT_DIRS = {"hipcc": ("ROCM_PATH", "ROCM_HOME", "/opt/rocm"), "nvcc": ("CUDA_HOME", "CUDA_PATH", "/usr/local/cuda")}
-
-
-def find_compiler(name: str, environ: Mapping[str, str], toolkit_dirs: bool = True) -> str | None:
-    """``name`` on PATH, else in its toolkit's bin directory ($ROCM_PATH, $CUDA_HOME, the default prefix)."""
-    found = shutil.which(name, path=environ.get("PATH", ""))
-    if found or not toolkit_dirs:
-        return found
-    for entry in TOOLKIT_DIRS[name]:
-        prefix = environ.get(entry) if not entry.startswith("/") else entry
-        if prefix and (candidate := Path(prefix) / "bin" / name).is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
 def plan_standalone(
     info: DeviceInfo, pinned: Sequence[str] | None = None, environ: Mapping[str, str] | None = None,
     toolkit_dirs: bool = True,
 ) -> tuple[StandalonePlan | None, str]:
     """Which compiler and arch build the program on this machine, or (None, why none can)."""
     env = os.environ if environ is None else environ
-    hipcc, nvcc = find_compiler("hipcc", env, toolkit_dirs), find_compiler("nvcc", env, toolkit_dirs)
+    hipcc, nvcc = (find_compiler(name, env, toolkit_dirs=toolkit_dirs) for name in ("hipcc", "nvcc"))
     backend = info.build_backend
     if backend == "rocm":
         order = [("hipcc", hipcc)]
@@ -151,10 +132,12 @@ def parse_output(stdout: str) -> tuple[dict[str, str], list[dict[str, Any]]]:
     return device, results
 
 
-def program_args(sizes: Sequence[int], timing: TimingSettings) -> list[str]:
+def program_args(sizes: Sequence[int], timing: TimingSettings, info: DeviceInfo) -> list[str]:
+    # The program flushes as the harness does: twice the device's last-level cache (gpulab.core.timing).
+    flush_mib = math.ceil(flush_bytes(info) / 2**20) if timing.flush_cache else 0
     return ["--sizes", ",".join(str(s) for s in sizes), "--min-time-ms", f"{timing.min_time_s * 1e3:g}",
             "--min-reps", str(timing.min_reps), "--max-reps", str(timing.max_reps),
-            "--warmup", str(timing.warmup_reps), "--flush-mib", "512" if timing.flush_cache else "0"]
+            "--warmup", str(timing.warmup_reps), "--flush-mib", str(flush_mib)]
 
 
 def _raw(result: ToolResult) -> str:
@@ -209,7 +192,7 @@ def run_standalone(
 
     if device is None:
         detect()
-    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing)], timeout_s=timeout_s, env=env)
+    ran = run_tool("vector_add", [str(binary), *program_args(sizes, timing, info)], timeout_s=timeout_s, env=env)
     write_atomic(run_log, _raw(ran))
     rows += _run_rows(ran, plan, sizes, timing, {**base, **common, "phase": "run", "log_file": run_name})
     HIP_STANDALONE.write(rows, out_csv)

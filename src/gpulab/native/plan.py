@@ -1,12 +1,8 @@
 """What to build: the extension's sources, flags, GPU architectures and toolchain, and their digest.
 
-``kernels/ext/`` holds one set of sources: ``ops.cpp`` (schemas, argument checks, CPU kernels and the GPU
-entry points), ``ops_cuda.cu`` (the device launchers; hipified by PyTorch on ROCm builds) and the headers.
-What is built follows the detected backend (:func:`gpulab.core.device.detect`): a CPU-only library with the
-host compiler on machines without a GPU, otherwise the GPU kernels for the detected architecture only
-(``TORCH_CUDA_ARCH_LIST`` / ``PYTORCH_ROCM_ARCH``; the study's build compiled for eleven AMD
-architectures and took 94 s). The digest covers the sources, flags, architectures, backend, compilers
-and torch version, and names the build directory: a rebuild happens exactly when one of them changes.
+``kernels/ext/`` holds one set of sources (``ops.cpp``, ``ops_cuda.cu``, hipified on ROCm, and headers); a CPU-only
+library without a GPU, else the detected architecture only. The digest (sources, flags, archs, backend, compilers,
+torch) names the build directory: a rebuild happens exactly when one of them changes.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from pathlib import Path
 
 from gpulab.core.device import DeviceInfo, detect, offload_archs
 from gpulab.core.paths import KERNELS_DIR, default_cache_root
-from gpulab.core.tools import run_tool
+from gpulab.core.tools import find_compiler, run_tool
 
 SOURCE_DIR = KERNELS_DIR / "ext"
 CPU_SOURCES = ("ops.cpp",)
@@ -109,11 +105,11 @@ def device_compiler(backend: str) -> tuple[str | None, str]:
 
     home, exe_name, what = ((cpp_extension.CUDA_HOME, "nvcc", "the CUDA toolkit matching torch") if backend == "cuda"
                             else (cpp_extension.ROCM_HOME, "hipcc", "ROCm's hipcc"))
-    exe = Path(home, "bin", exe_name) if home else None
-    if exe is None or not exe.exists():
+    exe = find_compiler(exe_name, homes=[home])
+    if exe is None:
         variable = "CUDA_HOME" if backend == "cuda" else "ROCM_HOME"
         return None, f"{exe_name} not found ({variable}={home or 'unset'}); install {what}"
-    return str(exe), ""
+    return exe, ""
 
 
 def pinned_for(backend: str, pinned: Sequence[str] | None) -> list[str]:

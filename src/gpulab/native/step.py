@@ -36,6 +36,7 @@ EXTENSION = TableSchema(
         Column("measured_at", "str", "when the phase's seconds were measured (UTC)"),
         Column("build_dir", "str", "build directory under the workflow's cache"),
     ),
+    path="build/extension.csv",
 )
 
 

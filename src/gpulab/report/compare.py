@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gpulab.core.ceilings import with_regimes
+from gpulab.core.ceilings import CEILINGS, with_regimes
 from gpulab.core.history import runs
 from gpulab.core.tables import cell_key
 from gpulab.core.timing import parse_blocks
@@ -83,7 +83,7 @@ LATENCY_MIN_EFFECT = 0.20
 # build differed by 0.5-0.8 µs a call on short bandwidth-bound cases, up to 18% of their 4.3 µs floor.
 FLOOR_SHARE = 0.25
 LATENCY = "latency"
-CEILINGS_TABLE = "bench/ceilings.csv"
+CEILINGS_TABLE = CEILINGS.path
 BOOTSTRAP_RESAMPLES = 2000
 # Chunks a row recorded as one block is cut into (its repetitions are in timed order).
 LEGACY_CHUNKS = 8

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from gpulab.core.ceilings import CEILINGS
+from gpulab.core.patterns import PATTERNS
 from gpulab.core.tables import IDENTIFYING_COLUMNS
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 from gpulab.report.results import ResultsIndex
@@ -23,7 +25,7 @@ from gpulab.report.results import ResultsIndex
 PCT_COLUMN = "pct_of_ceiling"
 # Above this a percentage of a ceiling is flagged (a row that set its own ceiling can read 100.00000000000001).
 ABOVE_PCT = 100 + 1e-6
-PATTERN_WORDS = {"copy": "copy (1 read + 1 write)", "add": "add (2 reads + 1 write)", "read": "read-only"}
+PATTERN_WORDS = {name: p.finding for name, p in PATTERNS.items()}
 
 
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +64,7 @@ class Unit(NamedTuple):
 def flop_unit(results: ResultsIndex) -> Unit:
     """One unit for every matmul rate on the page: GFLOP/s when no rate of any target (MLP rows, matmul
     ceilings) reaches 0.1 TFLOP/s, as on a CPU; else TFLOP/s."""
-    tables = [results.table(name) for name in ("mlp/summary.csv", "bench/ceilings.csv")]
+    tables = [results.table(name) for name in ("mlp/summary.csv", CEILINGS.path)]
     rates = [pd.to_numeric(t["tflops"], errors="coerce") for t in tables if "tflops" in t.columns]
     largest = max((float(r.max()) for r in rates if r.notna().any()), default=math.nan)
     return Unit("GFLOP/s", 1e3) if largest < 0.1 else Unit("TFLOP/s", 1.0)
@@ -135,8 +137,8 @@ def _why_unstable(unstable: pd.DataFrame) -> str:
 
 def _group_rank(group: str) -> tuple[int, str]:
     """Benchmarks first, then the MLP, the LLM, the ceilings and the rest."""
-    rank = 0 if group.startswith("bench/") and group != "bench/ceilings.csv" else \
-        {"mlp/summary.csv": 1, "llm/*.csv": 2, "bench/ceilings.csv": 3}.get(group, 4)
+    rank = 0 if group.startswith("bench/") and group != CEILINGS.path else \
+        {"mlp/summary.csv": 1, "llm/*.csv": 2, CEILINGS.path: 3}.get(group, 4)
     return rank, group
 
 

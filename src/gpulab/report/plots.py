@@ -29,6 +29,8 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from PIL import Image
 
+from gpulab.bench.impls import in_colour_order
+
 PALETTE = "colorblind"
 FIG_WIDTH_IN = 10.0
 PANEL_HEIGHT_IN = 3.6
@@ -38,7 +40,7 @@ DPI = 110
 # Names that recur across sections get the same colour everywhere (the baseline first, in the palette's
 # most neutral slots); unknown names take the next free colours in sorted order.
 KNOWN_SERIES = (
-    "native", "manual", "cpp_ext", "triton", "torch_compile",  # bench implementations
+    *in_colour_order(),  # bench implementations
     "fp32", "tf32", "bf16", "compiled", "fp16",  # MLP variants / dtypes
     "hf", "fast",  # LLM engines
 )

@@ -1,11 +1,8 @@
 """Every kernel compiled for the study's GPU architectures, with the resources each compile uses.
 
-No GPU is needed: Triton compiles kernels/triton/ for a named ``GPUTarget`` (AMD code objects through its
-bundled LLVM, cubins through its bundled ptxas), and clang (with Debian's hipcc where its device libraries
-cover the architecture) compiles the HIP sources for AMD architectures.
-Per kernel x launch configuration x dtype x architecture one row of ``build/kernel_resources.csv``:
-registers, spills, scratch, LDS/shared memory, occupancy from the architecture's limits (``archs``), code
-size and compile seconds. One job per architecture (``compile_arch``), then ``aggregate``.
+No GPU is needed: Triton compiles ``kernels/triton/`` for a named ``GPUTarget``, clang (and Debian's hipcc where its
+device libraries cover the architecture) the HIP sources. One row per kernel x launch x dtype x architecture:
+registers, spills, scratch, LDS, occupancy (``archs``), code size, compile seconds.
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ KERNEL_RESOURCES = TableSchema(
                "a job runs one compile per core it may use, side by side"),
         Column("cached", "bool", "the outcome was reused from .cache/kernel_compile (same source, compiler, target)"),
     ),
+    path="build/kernel_resources.csv",
 )
 
 

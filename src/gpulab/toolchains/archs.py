@@ -1,19 +1,8 @@
 """The GPU architectures kernels are compiled for, with the hardware limits occupancy is computed from.
 
-One table, one formula. Sources of the limits:
-- NVIDIA: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (8.0 and 9.0):
-  64 K 32-bit registers, 64 resident warps and 32 resident blocks per SM, 164 KB (A100) / 228 KB (H100)
-  shared memory per SM, 1 KB of it reserved per block; the CUDA Occupancy Calculator allocates registers
-  per warp in units of 256.
-- AMD: LLVM AMDGPUUsage and AMDGPUBaseInfo.cpp (getMaxWavesPerEU, getTotalNumVGPRs, getVGPRAllocGranule,
-  getMaxWorkGroupsPerCU), the CDNA2/CDNA3 and RDNA3 ISA guides: CDNA (gfx90a, gfx942) has 4 SIMDs per CU,
-  512 unified VGPRs per lane per SIMD allocated in 8s, 8 waves per SIMD, 800 SGPRs per SIMD allocated in
-  16s, 64 KiB LDS per CU, at most 16 workgroups per CU (LLVM's limit for multi-wave workgroups).
-  RDNA3 / RDNA3.5 (gfx1100, gfx1151) in WGP mode (the compiler's default) schedules a workgroup on a
-  workgroup processor of 4 SIMDs with 128 KiB LDS and at most 32 workgroups; 16 wave32 waves per SIMD;
-  gfx1100 and gfx1151 have the 1.5x register file (1536 VGPRs per lane, allocated in 24s in wave32; LLVM's
-  Feature1_5xVGPRs); SGPRs never limit occupancy on gfx10+.
-The AMD register arithmetic is checked against LLVM's own "; Occupancy:" note in the tests.
+One table, one formula; the sources of each limit (CUDA's per-compute-capability specifications, LLVM's AMDGPU
+limits and the CDNA/RDNA ISA guides) are listed in docs/architecture.md. The AMD register arithmetic is checked
+against LLVM's own "; Occupancy:" note in the tests.
 """
 
 from __future__ import annotations

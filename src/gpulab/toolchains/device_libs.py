@@ -1,13 +1,8 @@
 """ROCm device libraries for clang's HIP device compiles: the distribution's bitcode, completed per architecture.
 
-HIP device code calls into the ROCm device libraries: ``blockDim``/``gridDim`` are ``__ockl_get_local_size`` /
-``__ockl_get_num_groups``, ``tanhf`` is ``__ocml_tanh_f32``, and ocml reads the target's ``__oclc_ISA_version``
-(its fast-FMA paths depend on it). clang links them with ``-mlink-builtin-bitcode`` and refuses an architecture
-whose ``oclc_isa_version_<arch>.bc`` is missing. Debian's rocm-device-libs (ROCm 5.2) ships ocml, ockl and the
-controls, but no ISA-version file for gfx942 or any gfx11. Those one-constant files are built here exactly as
-ROCm-Device-Libs builds every one of them (oclc/src/isa_version.cl.in, configured from the table in
-oclc/CMakeLists.txt, compiled as OpenCL by cmake/OCL.cmake's flags) and laid beside links to the installed
-bitcode, so clang links its usual set.
+clang refuses an architecture whose ``oclc_isa_version_<arch>.bc`` is missing, and Debian's rocm-device-libs has none
+for gfx942 or any gfx11: those one-constant files are built here as ROCm-Device-Libs builds them and laid beside
+links to the installed bitcode (see docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpulab.core.ops import OPS
 from gpulab.core.paths import HIP_SOURCES, PACKAGE_DIR, kernel_relpath
+from gpulab.core.tools import find_compiler
 from gpulab.toolchains import device_libs
 from gpulab.toolchains.archs import Arch
 from gpulab.toolchains.resources import amdgcn_kernels, demangle, elf_symbol_sizes
@@ -101,7 +102,7 @@ def hipcc_covers(a: Arch) -> bool:
 def toolchain(kind: str, a: Arch, cache_dir: Path) -> Toolchain | str:
     """The toolchain, or why it cannot compile for ``a`` (a reason a user can act on)."""
     if kind == "hipcc":
-        hipcc = shutil.which("hipcc")
+        hipcc = find_compiler("hipcc", toolkit_dirs=False)
         if hipcc is None:
             return "hipcc is not installed: apt-get install hipcc"
         return Toolchain("hipcc", hipcc, hipcc_version(hipcc), HIPCC_FLAGS)

@@ -1,10 +1,8 @@
 """The extension's device code as PyTorch's ROCm build compiles it, on a machine without ROCm PyTorch.
 
-``torch.utils.cpp_extension.load`` on a ROCm build of PyTorch hipifies ``kernels/ext/ops_cuda.cu`` (and the
-headers it includes) with ``torch.utils.hipify`` and compiles the result with ``-DWITH_HIP``, PyTorch's
-``COMMON_HIP_FLAGS`` and ``COMMON_HIPCC_FLAGS``, ``-std=c++20``, the ``--offload-arch`` flags its
-``_get_rocm_arch_flags`` derives from ``PYTORCH_ROCM_ARCH``, and the caller's ``extra_cuda_cflags``. All of these
-are importable from a CPU build of PyTorch, so the same hipified unit is compiled here, one architecture at a time.
+``torch.utils.cpp_extension`` hipifies ``kernels/ext/ops_cuda.cu`` and compiles it with its own HIP flags and
+``--offload-arch`` from ``PYTORCH_ROCM_ARCH``; all of these are importable from a CPU build of PyTorch, so the same
+hipified unit is compiled here, one architecture at a time.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""Every step's not-ok outcomes in one table (rule ``outcomes_record``) and strict mode's judgement of them
-(rule ``outcomes_check``), after the measurements.
-
-Measuring steps record every outcome (ok, skipped, failed, incorrect, oom, each with its reason) and never fail
-for one; strict mode does not reach them. With ``strict`` on, one step reads every recorded table and fails with
-one summary of every outcome that is not ok, each with its step, its row and its reason. Turning strict on or off
-after a complete run therefore measures nothing again: it only judges what is on disk.
-
-Some outcomes are what the target's machine cannot do by design (a ROCm tool on an NVIDIA host, TF32 on ROCm,
-Triton without a GPU): :data:`EXPECTED` names them per table; the summary lists them too, apart, and they do not
-fail the check. ``strict: unstable`` also counts an ok measurement whose timing was not stable
-(:func:`gpulab.core.timing.is_stable`).
+"""Every step's not-ok outcomes in one table, on every run (rule ``outcomes_record``), and strict mode's judgement
+of them (rule ``outcomes_check``): measuring steps record every outcome and never fail for one, so turning strict on
+or off measures nothing again. What the target's machine cannot do by design (:data:`EXPECTED`) is listed apart and
+not judged; ``strict: unstable`` also counts an ok row whose timing was not stable.
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.core.ceilings import CEILINGS
 from gpulab.core.device import DeviceInfo
 from gpulab.core.tables import StrictModeError, write_atomic
 
@@ -49,8 +42,8 @@ EXPECTED: dict[str, tuple[str, Expectation]] = {
     "build/extension_checks.csv": ("bad-input cases that mix a CPU and a GPU tensor need a GPU",
                                    lambda t, d: (t["kind"] == "bad_input") & (t["status"] == "skipped")
                                    & (not d.gpu_available)),
-    "bench/ceilings.csv": ("Triton ceilings need a GPU",
-                           lambda t, d: (t["status"] == "skipped") & (not d.gpu_available)),
+    CEILINGS.path: ("Triton ceilings need a GPU",
+                    lambda t, d: (t["status"] == "skipped") & (not d.gpu_available)),
     "mlp/summary.csv": ("the variant does not exist on this backend", _mlp_unavailable),
 }
 

@@ -125,9 +125,10 @@ def kernel_sources(impl: str, op: str, repo: Path) -> list[str]:
     module (the op registry's, gpulab.core.ops) runs under kernels/ (the module, its packages' ``__init__`` and
     their imports). cpp_ext cells depend on the extension through the build step's manifest, an input of their
     rule."""
+    from gpulab.bench.impls import runs_triton_kernels
     from gpulab.core.ops import OPS
 
-    module = OPS[op].triton_module if impl == "triton" and op in OPS else None
+    module = OPS[op].triton_module if runs_triton_kernels(impl) and op in OPS else None
     if module is None:
         return []
     parts = module.split(".")

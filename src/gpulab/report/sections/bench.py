@@ -11,8 +11,9 @@ from typing import Any
 
 import pandas as pd
 
+from gpulab.bench.impls import IMPLEMENTATIONS
 from gpulab.bench.registry import BASELINE
-from gpulab.core.ceilings import with_regimes
+from gpulab.core.ceilings import CEILINGS, with_regimes
 from gpulab.core.dtypes import ITEMSIZE
 from gpulab.core.ops import OPS as OP_SPECS
 from gpulab.report import plots
@@ -25,16 +26,11 @@ TEMPLATE = "bench.html.j2"
 DTYPES = tuple(ITEMSIZE)
 # The lecture's GeLU on a 16384x16384 fp32 tensor (a 2^28-element vector here), in ms.
 STUDY_GELU_ELEMENTS = 16384 * 16384
-STUDY_GELU = (
-    ("manual", "manual_gelu (unfused PyTorch)", 8.1),
-    ("native", "pytorch_gelu (F.gelu, fused)", 1.1),
-    ("cpp_ext", "CUDA C++ kernel (load_inline)", 1.8),
-    ("triton", "Triton kernel", 1.8),
-    ("torch_compile", "torch.compile(manual_gelu)", 1.47),
-)
-# Each op's performance goal (its registry entry's ``goal``) is met by these implementations at most this much
-# slower than the best of native and torch_compile in the same cell.
-GOAL_IMPLS = ("triton", "cpp_ext")
+STUDY_GELU = tuple((f.name, *f.study) for f in IMPLEMENTATIONS.values() if f.study)
+# Each op's performance goal (its registry entry's ``goal``) is met by the implementations held to it at most this
+# much slower than the best of the goal's reference implementations (native and torch_compile) in the same cell.
+GOAL_IMPLS = tuple(f.name for f in IMPLEMENTATIONS.values() if f.goal == "held")
+GOAL_REFERENCE = tuple(f.name for f in IMPLEMENTATIONS.values() if f.goal == "reference")
 GOAL_SLOWDOWN = 1.03
 
 
@@ -216,7 +212,7 @@ def goals(df: pd.DataFrame, gpu_targets: list[str]) -> pd.DataFrame:
         return pd.DataFrame()
     ok = ok[ok["target"].isin(gpu_targets)]
     keys = ["target", "op", "size", "dtype"]
-    reference = ok[ok["impl"].isin([BASELINE, "torch_compile"])].groupby(keys)["median_ms"].min()
+    reference = ok[ok["impl"].isin(GOAL_REFERENCE)].groupby(keys)["median_ms"].min()
     wanted = ok["impl"].isin(GOAL_IMPLS) & pd.Series([_goal_case(r) for r in ok.itertuples(index=False)],
                                                      index=ok.index, dtype=bool)
     rows = []
@@ -294,7 +290,7 @@ def build(ctx: Any) -> dict[str, Any] | None:
     frames = {op: df for op, df in frames.items() if not df.empty}
     if not frames:
         return None
-    ceilings = ctx.results.table("bench/ceilings.csv")
+    ceilings = ctx.results.table(CEILINGS.path)
     # Vector sizes read back as integers, softmax shapes as text: one type for the column.
     frames = {op: df.assign(size=df["size"].astype(str)) for op, df in frames.items()}
     targets = [t for t in ctx.results.targets if any(t in set(df["target"]) for df in frames.values())]

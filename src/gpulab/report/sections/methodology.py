@@ -17,8 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.core.ceilings import RAISE_LIMIT
+from gpulab.core.ceilings import CEILINGS, RAISE_LIMIT
 from gpulab.core.device_lock import WAITS_DIR, read_waits, waited_s
+from gpulab.core.patterns import PATTERNS
 from gpulab.core.timing import (
     CPU_FLUSH_BYTES,
     CPU_MAX_WALL_S,
@@ -74,7 +75,7 @@ def timing_in_use(ctx: Any) -> pd.DataFrame:
 
 
 def ceilings_table(ctx: Any) -> pd.DataFrame:
-    frame = ctx.results.table("bench/ceilings.csv")
+    frame = ctx.results.table(CEILINGS.path)
     if frame.empty:
         return frame
     from gpulab.report.sections.bench import with_regime
@@ -95,7 +96,7 @@ METHOD_WORDS = {"triton": "a Triton kernel swept over block sizes and warp count
 
 def ceiling_methods(ceilings: pd.DataFrame) -> list[dict[str, Any]]:
     """Per ceiling kind, the methods this run measured and those it recorded as skipped (with the reason), read
-    from ``bench/ceilings.csv`` so the text says what the table holds."""
+    from the ceilings table so the text says what the table holds."""
     if ceilings.empty or "method" not in ceilings.columns:
         return []
     frame = ceilings.assign(name=ceilings["method"].astype(str).str.replace(SWEEP, "triton", regex=True))
@@ -106,7 +107,7 @@ def ceiling_methods(ceilings: pd.DataFrame) -> list[dict[str, Any]]:
         out.append({"kind": kind, "ran": [METHOD_WORDS.get(m, m) for m in dict.fromkeys(ran)],
                     "skipped": [{"method": METHOD_WORDS.get(r.name, r.name), "reason": r.reason}
                                 for r in skipped.itertuples()]})
-    order = {k: i for i, k in enumerate(("read", "copy", "add", "matmul"))}
+    order = {k: i for i, k in enumerate(PATTERNS)}
     return sorted(out, key=lambda m: order.get(m["kind"], 9))
 
 
@@ -236,11 +237,10 @@ def build(ctx: Any) -> dict[str, Any] | None:
         "walls": f"{GPU_MAX_WALL_S:g} s (GPU) or {CPU_MAX_WALL_S:g} s (CPU)",
         "in_use": timing_in_use(ctx),
         "ceilings": ceilings_table(ctx),
-        "kind_words": {"read": "one read, a reduction", "copy": "one read and one write",
-                       "add": "two reads and one write", "matmul": "2·M·N·K operations per product"},
+        "kind_words": {name: p.words for name, p in PATTERNS.items()},
         "raise_pct": round(100 * (RAISE_LIMIT - 1)),
         "rule": {"ratio": f"{MAX_MEAN_OVER_MEDIAN:.2f}", "cv": f"{MAX_CV:.2f}", "reps": MIN_STABLE_REPS},
-        "ceiling_methods": ceiling_methods(ctx.results.table("bench/ceilings.csv")),
+        "ceiling_methods": ceiling_methods(ctx.results.table(CEILINGS.path)),
         "above": pd.concat([findings.above_ceiling(ctx.results, t) for t in ctx.results.targets], ignore_index=True),
         "gpu": any((ctx.results.env(t) or {}).get("device", {}).get("gpu_available") for t in ctx.results.targets),
         "ceiling_config": ctx.config.get("ceilings", {}),

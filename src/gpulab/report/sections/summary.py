@@ -13,8 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-from gpulab.core.ceilings import BESIDE_THE_CASE
+from gpulab.core.ceilings import BESIDE_THE_CASE, CEILINGS
 from gpulab.core.ops import OPS
+from gpulab.core.patterns import PATTERNS
 from gpulab.core.tables import IDENTIFYING_COLUMNS, STATUSES
 from gpulab.core.timing import MAX_CV, MAX_MEAN_OVER_MEDIAN, MIN_STABLE_REPS
 from gpulab.report import findings
@@ -151,15 +152,12 @@ def mlp_headline(results: ResultsIndex, target: str) -> Headline:
                     _pct(row, ("pct_of_ceiling",)), base.pct_of)
 
 
-CEILING_HEADLINES = (("read", "Read-only bandwidth (ceiling)", "gbps", "GB/s"),
-                     ("copy", "Copy bandwidth (ceiling)", "gbps", "GB/s"),
-                     ("add", "2 reads + 1 write bandwidth (ceiling)", "gbps", "GB/s"),
-                     ("matmul", "Matmul rate (ceiling)", "tflops", "TFLOP/s"))
+CEILING_HEADLINES = tuple((name, p.headline, p.column, p.unit) for name, p in PATTERNS.items())
 
 
 def ceiling_headlines(results: ResultsIndex, target: str) -> list[Headline]:
     """The best of each ceiling (over sizes, dtypes and methods), with the method that set it."""
-    path = results.path(target, "bench/ceilings.csv")
+    path = results.path(target, CEILINGS.path)
     ok = _ok_rows(results.read_csv(path, target)) if path.is_file() else pd.DataFrame()
     out = []
     for kind, label, column, unit in CEILING_HEADLINES:
