@@ -46,7 +46,7 @@ MAX_DOCSTRING_LINES = 6
 LONG_DOCSTRINGS_FOR_NOW = {
     "src/gpulab/report/compare.py", "src/gpulab/report/plots.py",
     "src/gpulab/report/render.py", "src/gpulab/report/sections/changes.py", "src/gpulab/workflow/config.py",
-    "src/gpulab/workflow/failures.py", "src/gpulab/workflow/outcomes.py", "src/gpulab/workflow/preflight.py",
+    "src/gpulab/workflow/failures.py", "src/gpulab/workflow/preflight.py",
     "src/gpulab/workflow/sources.py",
 }
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gpulab.core import cores
+from gpulab.core import cores, jobenv
 from gpulab.core.device_lock import claim_device
 from gpulab.core.tables import Column, TableSchema
 
@@ -72,16 +72,17 @@ def test_a_job_never_leaves_its_allocation():
 
 def test_a_run_without_jobs_beside_the_measurement_names_no_cpus():
     # A cluster run, a CPU-only host (whose measurement takes every core), one job at a time.
-    environ = {cores.MEASURE_CORES_VAR: "1"}  # left by an earlier run in the same shell
+    environ: dict[str, str] = {}
+    jobenv.put("measure_cores", "1", environ)  # left by an earlier run in the same shell
     assert cores.plan("auto", enabled=False, environ=environ, cpus={0, 1}) == frozenset()
-    assert cores.MEASURE_CORES_VAR not in environ
+    assert jobenv.STATE_VAR not in environ
     assert cores.confine_job(environ) is None and cores.enter_measuring(environ) is None
 
 
 def test_a_local_gpu_run_names_its_measuring_cpus_for_its_jobs(smt16):
     environ: dict[str, str] = {}
     assert cores.plan(4, enabled=True, environ=environ, cpus=range(16), sysfs=smt16) == {6, 7, 14, 15}
-    assert environ[cores.MEASURE_CORES_VAR] == "6,7,14,15"
+    assert jobenv.get("measure_cores", environ) == "6,7,14,15"
     assert cores.measuring_cpus(environ) == {6, 7, 14, 15}
     assert cores.parse_cpus("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
 
@@ -109,7 +110,8 @@ def in_child(body):
 def test_a_job_waits_beside_and_measures_alone_on_the_real_cpus(monkeypatch, tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     measuring = {allowed[-1]}
-    monkeypatch.setenv(cores.MEASURE_CORES_VAR, cores.format_cpus(measuring))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    jobenv.put("measure_cores", cores.format_cpus(measuring))
 
     def body():
         started = sorted(cores.confine_job())

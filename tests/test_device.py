@@ -95,10 +95,12 @@ def test_cupti_is_torn_down_after_a_profile_where_that_is_safe(monkeypatch, cuda
 def _claim_in_subprocess(lock: Path, record: Path, hold_s: float) -> subprocess.Popen:
     code = ("import time; from gpulab.core.device_lock import claim_device; "
             f"print('waited', claim_device({str(lock)!r}), flush=True); time.sleep({hold_s})")
-    from gpulab.core.device_lock import WAITS_VAR
+    from gpulab.core import jobenv
 
+    env = dict(os.environ)
+    jobenv.put("device_waits", str(record), env)
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, WAITS_VAR: str(record)})
+                            env=env)
 
 
 def test_a_job_waits_for_the_device_until_the_job_holding_it_exits(tmp_path):
@@ -118,10 +120,12 @@ def test_a_job_waits_for_the_device_until_the_job_holding_it_exits(tmp_path):
 
 def test_claiming_twice_in_one_process_and_without_a_lock_does_not_wait(tmp_path, monkeypatch):
     import gpulab.core.device_lock as device_lock
+    from gpulab.core import jobenv
 
     monkeypatch.setattr(device_lock, "_CLAIM", {"armed": False, "file": None})
-    monkeypatch.delenv(device_lock.DEVICE_LOCK_VAR, raising=False)
-    monkeypatch.setenv(device_lock.WAITS_VAR, str(tmp_path / "waits.jsonl"))
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    jobenv.put("device_lock", None)
+    jobenv.put("device_waits", str(tmp_path / "waits.jsonl"))
     assert device_lock.claim_device() is None  # no lock named: cluster runs, CPU-only machines
     lock = str(tmp_path / "device.lock")
     assert device_lock.child_should_claim()
@@ -147,13 +151,15 @@ def test_the_device_wait_is_the_union_of_the_recorded_claims():
 def test_a_jobs_wait_record_is_fresh_and_its_child_processes_append_to_it(tmp_path, monkeypatch):
     """A job's fresh interpreter (the extension's bad-input cases, the tutorial timings) records its claim in the
     job's record, so the report can tell its wait from the job's work; a rerun of the job starts a new record."""
-    from gpulab.core.device_lock import WAITS_VAR, read_waits, start_waits_record
+    from gpulab.core import jobenv
+    from gpulab.core.device_lock import read_waits, start_waits_record
 
     log = tmp_path / "t" / "logs" / "job.log"
     stale = tmp_path / "t" / "device_waits" / "job.jsonl"
     stale.parent.mkdir(parents=True)
     stale.write_text('{"pid": 1, "claimed_at": 0, "waited_s": 99}\n')
-    monkeypatch.delenv(WAITS_VAR, raising=False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    jobenv.put("device_waits", None)
     assert start_waits_record(log) == stale and not stale.exists()
     code = f"from gpulab.core.device_lock import claim_device; claim_device({str(tmp_path / 'device.lock')!r})"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))

@@ -150,3 +150,16 @@ def test_the_documentation_site_builds_strictly(tmp_path):
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     for page in ("reference/config/index.html", "reference/cli/index.html", "example/report.html", "index.html"):
         assert (tmp_path / "site" / page).is_file(), page
+
+
+def test_every_environment_variable_is_listed_once_and_documented():
+    """The variables gpulab reads are named in one place (gpulab.core.jobenv) and the running guide lists each."""
+    from gpulab.core import jobenv
+
+    names = set()
+    for path in (ROOT / "src" / "gpulab").rglob("*.py"):
+        if path.name != "jobenv.py":
+            names |= set(re.findall(r"\bGPULAB_[A-Z_]+", path.read_text(encoding="utf-8")))
+    assert names - {"GPULAB_WITH_CUDA"} <= set(jobenv.VARIABLES)  # a C++ define, not a variable
+    guide = (ROOT / "docs" / "guide" / "running.md").read_text(encoding="utf-8")
+    assert all(f"`{name}`" in guide for name in jobenv.VARIABLES)

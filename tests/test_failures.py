@@ -145,3 +145,28 @@ def test_a_job_killed_whole_is_listed_with_what_is_known(tmp_path):
     if shutil.which("sacct") is None:
         assert "sacct is not installed on this host" in summary
         assert slurm_account("4242").startswith("Slurm job 4242: sacct is not installed")
+
+
+def test_an_interrupted_run_is_called_an_interrupt(tmp_path):
+    """Ctrl-C in the terminal: SIGINT to Snakemake and its jobs at once (one process group). The summary says the
+    run was interrupted, and the step that was measuring did not finish: it did not fail."""
+    import time
+
+    (tmp_path / "Snakefile").write_text(SNAKEFILE.format(src=str(REPO / "src"), names=["slow"]))
+    (tmp_path / "step.py").write_text(textwrap.dedent(SCRIPT.format(endings={"slow": "import time; time.sleep(120)"})))
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1"], cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                            # A terminal's processes take SIGINT; a test run in the background inherits it ignored.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    log = tmp_path / "results/local/logs/step_slow.log"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and "measuring slow" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "gpulab: the run was interrupted (Ctrl-C or SIGINT); 1 step(s) did not finish" in err, err[-3000:]
+    entry = err[err.index("the run was interrupted"):]
+    assert "interrupted (Ctrl-C or SIGINT) before it finished" in entry and "measuring slow" in entry, entry
+    assert "step(s) failed" not in err

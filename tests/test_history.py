@@ -77,7 +77,7 @@ def test_an_interrupted_tables_snakemake_marker_brings_its_copy_back(kept, tmp_p
     marker.write_text('{"external_jobid": null}')
     assert history.incomplete_outputs() == ["results/local/bench/gelu.csv"]
     lines = history.restore_interrupted("results")
-    assert len(lines) == 1 and "interrupted; the last good table (run 20261125T110000Z__bbbbbbb+dirty" in lines[0]
+    assert len(lines) == 1 and "interrupted; kept the last good table (run 20261125T110000Z__bbbbbbb+dirty" in lines[0]
     assert (kept / "bench/gelu.csv").read_bytes() == (tmp_path / "gelu_slow.csv").read_bytes()
 
 

@@ -11,7 +11,7 @@ import pytest
 from gpulab.core.device import DeviceInfo
 from gpulab.core.tables import StrictModeError
 from gpulab.workflow.failures import final_error
-from gpulab.workflow.outcomes import check, collect, summary, table_outcomes
+from gpulab.workflow.outcomes import collect, judge, record, summary, table_outcomes
 
 CPU = DeviceInfo(backend="cpu", torch_version="2.x", hip_version=None, cuda_version=None, gpu_available=False,
                  reason="PyTorch is a CPU-only build")
@@ -67,6 +67,12 @@ def test_unstable_timings_count_only_where_strict_says_so():
     assert unstable.status == "unstable" and unstable.row == "op=gelu, size=2" and "not stable" in unstable.reason
 
 
+def check(tables: dict, root: Path, strict: bool | str, out: Path) -> list:
+    """The workflow's two steps: every outcome recorded, then strict mode's judgement of them."""
+    record(tables, root, strict == "unstable", out)
+    return judge(out, strict, root / "strict.txt")
+
+
 def test_check_fails_once_with_every_outcome_of_every_step_and_target(tmp_path):
     tables = {}
     for target, device in (("local", CPU), ("h100", CUDA)):
@@ -90,9 +96,18 @@ def test_check_fails_once_with_every_outcome_of_every_step_and_target(tmp_path):
     # The failure summary of the run (gpulab.workflow.failures) quotes the whole list from the step's log.
     assert final_error(f"Traceback (most recent call last):\n  File x\ngpulab.core.tables.StrictModeError: {text}\n") \
         == f"gpulab.core.tables.StrictModeError: {text}"
-    assert len(pd.read_csv(out)) == 6
+    assert len(pd.read_csv(out)) == 6  # the failed judgement leaves the recorded outcomes in place
     assert len(check(tables, tmp_path, False, out)) == 6  # off: recorded, not judged
+    assert (tmp_path / "strict.txt").read_text().startswith("strict mode: 4 outcome(s) are not ok")
     assert summary(collect(tables, tmp_path)) == text
+
+
+def test_a_run_where_all_is_ok_records_a_table_of_no_rows(tmp_path):
+    paths = write_target(tmp_path, "local", CUDA, {"bench/add.csv": rows(("ok", ""), op=["add"])})
+    out = tmp_path / "outcomes.csv"
+    assert record({"bench_cell": [paths["bench/add.csv"]]}, tmp_path, False, out) == []
+    assert pd.read_csv(out).empty and list(pd.read_csv(out).columns) == ["step", "table", "target", "row", "status",
+                                                                         "reason", "expected"]
 
 
 def test_strict_unstable_from_the_command_line_fails_on_an_unstable_measurement(tmp_path):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from gpulab.core.jobenv import SERIAL_RUN_VAR, cpu_workers, mark_serial_run
+from gpulab.core.jobenv import STATE_VAR, cpu_workers, mark_serial_run
 from gpulab.core.parallel import run_all
 
 
@@ -28,10 +28,10 @@ def test_a_task_that_raises_fails_the_call() -> None:
 
 
 def test_cpu_workers_every_core_only_in_a_serial_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(SERIAL_RUN_VAR, raising=False)
+    monkeypatch.delenv(STATE_VAR, raising=False)
     mark_serial_run(False)
     assert cpu_workers(1) == 1 and cpu_workers(3) == 3
     mark_serial_run(True)
     assert cpu_workers(1) == len(os.sched_getaffinity(0))
     mark_serial_run(False)
-    assert SERIAL_RUN_VAR not in os.environ
+    assert STATE_VAR not in os.environ

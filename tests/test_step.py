@@ -72,14 +72,15 @@ def test_a_job_without_the_targets_environment_records_no_host_load(monkeypatch,
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to split")
 def test_a_job_runs_beside_the_measuring_cpus_until_it_claims_the_device(monkeypatch, tmp_path, request):
-    from gpulab.core.cores import MEASURE_CORES_VAR, set_process_cpus
+    from gpulab.core import jobenv
+    from gpulab.core.cores import set_process_cpus
     from gpulab.core.device_lock import claim_device
 
     monkeypatch.setattr(step_module, "to_log", lambda path: None)
     monkeypatch.setattr(os, "environ", dict(os.environ))
     cpus = sorted(os.sched_getaffinity(0))
     request.addfinalizer(lambda: set_process_cpus(cpus))  # the runner's own process is kept off them too
-    os.environ[MEASURE_CORES_VAR] = str(cpus[-1])
+    jobenv.put("measure_cores", str(cpus[-1]))
     job, write_table, out = measuring_job(tmp_path, env=str(tmp_path / "env.json"))
 
     def main(step):

@@ -94,6 +94,15 @@ def test_second_run_does_nothing(done):
     assert planned_jobs(dry_run(done)) == {}
 
 
+def test_every_run_records_its_outcomes(done):
+    """Strict off: results/outcomes.csv still lists every outcome that is not ok (none: a header alone)."""
+    outcomes = pd.read_csv(done / "results/outcomes.csv")
+    assert list(outcomes.columns) == ["step", "table", "target", "row", "status", "reason", "expected"]
+    assert set(outcomes["status"]) <= {"skipped", "failed", "incorrect", "oom", "unstable"}
+    if not gpu_driver_present():  # the CPU records its Triton cells as skipped
+        assert "op=gelu, impl=triton, dtype=fp32, size=4096" in set(outcomes["row"])
+
+
 def test_explicit_sizes_reach_the_cells(done):
     cell = pd.read_csv(done / "results/local/bench/cells/gelu__native.csv")
     assert sorted(cell["size"].astype(int).unique()) == [1000, 4096]
@@ -162,8 +171,9 @@ def test_editing_a_triton_kernel_reruns_that_cell_the_op_tables_and_the_report(d
     # Every op's table reads every cell: a size's one ceiling may be set by any op's fastest row.
     ops = SMALL["bench"]["ops"]
     assert planned_jobs(proc) == {"bench_cell": 1, "bench_aggregate": len(ops), "kernels_compile": archs,
-                                  "kernels_aggregate": 1, "report_render": 1, "all": 1}
+                                  "kernels_aggregate": 1, "outcomes_record": 1, "report_render": 1, "all": 1}
     assert planned_outputs(proc) == {"results/local/bench/cells/gelu__triton.csv", "reports/report.html",
+                                     "results/outcomes.csv",
                                      *(f"results/local/bench/{op}.csv" for op in ops),
                                      "results/local/build/kernel_resources.csv",
                                      *(f"results/local/build/kernels/{arch}.csv" for arch in ARCHS)}
@@ -242,7 +252,7 @@ def test_kernels_compile_runs_in_a_copied_checkout(done):
 
 RULES = ("env_capture", "bench_ceilings", "bench_cell", "bench_aggregate", "hip_standalone", "extension_build",
          "timing_pitfalls", "kernels_compile", "kernels_aggregate", "mlp_profile", "llm_tiny_build", "llm_model_fetch",
-         "llm_infer", "report_render", "outcomes_check")
+         "llm_infer", "report_render", "outcomes_record", "outcomes_check")
 
 
 def own_params_changed(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
@@ -302,13 +312,17 @@ def test_each_setting_reruns_exactly_the_steps_that_read_it(done, key):
     setting, readers = SWEEP[key]
     assert params_changed(done, "--config", setting) == {**readers, "report_render": 1}
     if key == "mlp":  # the MLP measures its own GEMMs' ceiling: no benchmark cell is measured again
-        assert planned_jobs(dry_run(done, "--config", setting)) == {"mlp_profile": 1, "report_render": 1, "all": 1}
+        # The run's outcomes table follows the MLP's, as the report does.
+        assert planned_jobs(dry_run(done, "--config", setting)) == {"mlp_profile": 1, "outcomes_record": 1,
+                                                                    "report_render": 1, "all": 1}
 
 
 @pytest.mark.parametrize("setting", ["target=elsewhere", "results_dir=elsewhere"])
 def test_a_new_place_runs_everything_there_and_nothing_here(done, setting):
-    assert params_changed(done, "--config", setting) == {"report_render": 1}
-    outputs = planned_outputs(dry_run(done, "--config", setting)) - {"reports/report.html"}
+    # The run's own outcomes table lists another target's tables now, where it stays in place.
+    moved = {"outcomes_record": 1} if setting.startswith("target=") else {}
+    assert params_changed(done, "--config", setting) == {"report_render": 1, **moved}
+    outputs = planned_outputs(dry_run(done, "--config", setting)) - {"reports/report.html", "results/outcomes.csv"}
     assert outputs and all("elsewhere/" in o for o in outputs), sorted(outputs)[:5]
 
 

@@ -314,6 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         console.print(f"[red]{exc}[/]")
         return 2
+    except OSError as exc:  # a full disk, a read-only folder: what was there stays, and this one line says why
+        from rich.markup import escape
+
+        console.print(f"[red]gpulab {args.command}: {escape(str(exc))}[/]")
+        return 1
     except Exception as exc:
         from gpulab.report.render import ReportError
 

@@ -28,6 +28,7 @@ rule bench_ceilings:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("bench_ceilings"),
         code=code("bench_ceilings.py"),
         target_env=target_env,
         ceilings=config["ceilings"],
@@ -58,6 +59,7 @@ rule bench_cell:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("bench_cell"),
         # Also the kernel files of this cell's implementation only: editing one op's kernel reruns that cell.
         code=cell_code,
         target_env=target_env,
@@ -93,6 +95,7 @@ rule bench_aggregate:
     benchmark:
         benchmark_of("bench_aggregate_{op}")
     params:
+        put_back=put_back("bench_aggregate"),
         code=code("bench_aggregate.py"),
     script:
         "../scripts/bench_aggregate.py"

@@ -23,6 +23,7 @@ rule hip_standalone:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("hip_standalone"),
         code=code("build_hip_standalone.py"),
         target_env=target_env,
         offload_archs=config["build"]["offload_archs"],
@@ -53,6 +54,7 @@ rule extension_build:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("extension_build"),
         code=code("build_extension.py"),
         target_env=target_env,
         offload_archs=config["build"]["offload_archs"],
@@ -75,6 +77,7 @@ rule timing_pitfalls:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("timing_pitfalls"),
         code=code("build_timing_pitfalls.py"),
         target_env=target_env,
         timing=config["timing"],

@@ -6,7 +6,8 @@ from pathlib import Path
 from gpulab.workflow.cluster import device_job_resources, target_environment
 from gpulab.workflow.config import run_targets
 from gpulab.core.device import gpu_driver_present
-from gpulab.core.device_lock import DEVICE_LOCK_VAR, device_lock_path
+from gpulab.core import history, jobenv
+from gpulab.core.device_lock import device_lock_path
 from gpulab.core.jobenv import mark_serial_run, prepare
 from gpulab.workflow.sources import code_digest, kernel_sources, step_sources
 
@@ -78,6 +79,19 @@ def cell_code(wildcards):
     )
 
 
+def put_back(rule):
+    """A `params:` entry of every step that writes a target's tables: it changes when a failed or interrupted run put
+    one back (its last good copy, gpulab.core.history), so the next run measures it again. A function of the
+    wildcards alone (Snakemake records no param derived from the output), so it names its rule.
+    """
+
+    def stamp(wildcards):
+        outputs = [expand(p, **wildcards) for p in getattr(rules, rule).output]
+        return history.put_back_stamp(RESULTS, [path for paths in outputs for path in paths])
+
+    return stamp
+
+
 def target_env(wildcards):
     """A `params:` entry of each step that runs on a target's device: the target's extra environment
     (`targets.<name>.env`, exported by gpulab.workflow.step.run before the step starts), which changes what it measures.
@@ -103,7 +117,7 @@ LOCAL_RUN = workflow.nodes is None
 # each job has its node's GPUs: a limit would throttle submissions and cap requests.
 DEVICE_LOCK = LOCAL_RUN and workflow.is_main_process and gpu_driver_present()
 if DEVICE_LOCK:
-    os.environ[DEVICE_LOCK_VAR] = device_lock_path()
+    jobenv.put("device_lock", device_lock_path())
 if LOCAL_RUN and "gpu" not in workflow.global_resources:
     workflow.register_resource("gpu", 3 if DEVICE_LOCK else 1)
 # `threads: DEVICE_THREADS` in the same rules. Without a GPU driver the device is the CPU: a measurement takes

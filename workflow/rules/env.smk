@@ -27,6 +27,7 @@ rule env_capture:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("env_capture"),
         code=code("env_capture.py"),
         target_env=target_env,
         timeout_s=config["env_capture"]["tool_timeout_s"],

@@ -21,6 +21,7 @@ rule kernels_compile:
     benchmark:
         benchmark_of("kernels_compile_{arch}")
     params:
+        put_back=put_back("kernels_compile"),
         code=code("kernels_compile.py", *HIP_INPUTS),
         dtypes=config["bench"]["dtypes"],
         sizes=config["bench"]["sizes"],
@@ -42,6 +43,7 @@ rule kernels_aggregate:
     benchmark:
         benchmark_of("kernels_aggregate")
     params:
+        put_back=put_back("kernels_aggregate"),
         code=code("kernels_aggregate.py"),
     script:
         "../scripts/kernels_aggregate.py"

@@ -50,6 +50,7 @@ rule llm_tiny_build:
     benchmark:
         benchmark_of("llm_tiny_build")
     params:
+        put_back=put_back("llm_tiny_build"),
         code=code("llm_tiny_build.py"),
         seed=LLM["seed"],
     script:
@@ -70,6 +71,7 @@ rule llm_model_fetch:
     benchmark:
         benchmark_of("llm_model_fetch_{model}")
     params:
+        put_back=put_back("llm_model_fetch"),
         code=code("llm_model_fetch.py"),
         spec=lambda w: LLM_MODELS[w.model],
         llm=lambda w: download_settings(LLM_MODELS[w.model], LLM),
@@ -99,6 +101,7 @@ rule llm_infer:
     resources:
         **without_gpu_where(gpu_resources, lambda w: w.model in LLM_ON_CPU),
     params:
+        put_back=put_back("llm_infer"),
         code=code("llm_infer.py"),
         target_env=target_env,
         engines=LLM["engines"],

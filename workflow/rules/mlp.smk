@@ -35,6 +35,7 @@ rule mlp_profile:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("mlp_profile"),
         code=code("mlp_profile.py"),
         target_env=target_env,
         mlp=config["mlp"],

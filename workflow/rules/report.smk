@@ -1,4 +1,5 @@
 from gpulab.report.results import foreign_files
+from gpulab.workflow import pages
 
 
 rule report_render:
@@ -20,6 +21,8 @@ rule report_render:
     threads: workflow.cores if LOCAL_RUN else 1
     params:
         code=code("report_render.py"),
+        # Changes when a failed render's page was put back (gpulab.workflow.pages): the next run renders it again.
+        put_back=lambda wildcards: pages.stamp(config["report"]["output"]),
         results_dir=lambda wildcards: RESULTS,
         config=config,
         # Each rule's output patterns: with the jobs' benchmark records (wildcards, inputs) they give the
@@ -29,3 +32,10 @@ rule report_render:
         },
     script:
         "../scripts/report_render.py"
+
+
+def refresh_report():
+    """The page again after a failed run put tables back (the report's libraries load only then)."""
+    from gpulab.report.render import refresh_after_failure
+
+    return refresh_after_failure(RESULTS, config)

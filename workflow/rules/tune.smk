@@ -34,6 +34,7 @@ rule tune_triton_op:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("tune_triton_op"),
         # Also this op's Triton kernel files (its kernel module in the op registry, and what that imports).
         code=lambda w: code(
             "tune_triton_op.py", *kernel_sources("triton", w.op, CHECKOUT)
@@ -63,6 +64,7 @@ rule tune_triton_table:
     benchmark:
         benchmark_of("tune_triton_table")
     params:
+        put_back=put_back("tune_triton_table"),
         code=code("tune_triton_table.py"),
     script:
         "../scripts/tune_triton_table.py"
@@ -87,6 +89,7 @@ rule tune_fast_run:
     resources:
         **gpu_resources,
     params:
+        put_back=put_back("tune_fast_run"),
         code=code("tune_fast_run.py"),
         target_env=target_env,
         llm=LLM_MEASURE,

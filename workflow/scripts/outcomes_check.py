@@ -4,9 +4,9 @@ from gpulab.workflow.step import Step, run
 
 
 def main(step: Step) -> None:
-    from gpulab.workflow.outcomes import check
+    from gpulab.workflow.outcomes import judge
 
-    check(step.params.tables, step.params.results_dir, step.params.strict, step.output[0])
+    judge(step.input[0], step.params.strict, step.output[0])
 
 
 run(snakemake, main)

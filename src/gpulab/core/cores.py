@@ -1,9 +1,8 @@
 """The core split of a local run on a GPU host: the job measuring on the device keeps cores of its own.
 
-The Snakefile picks the measuring cores once (:func:`plan`, config ``measure_cores``) and names them in
-MEASURE_CORES_VAR; every job starts on the other cores (:func:`confine_job`) and the job that claims the device
-moves to them (:func:`enter_measuring`, from gpulab.core.device_lock) until it exits. :class:`LoadMeter` records how
-busy other processes kept the host meanwhile: the ``host_load`` column of measured rows (:func:`stamp_host_load`).
+The Snakefile picks the measuring cores once (:func:`plan`) and names them in the run's state (gpulab.core.jobenv);
+every job starts on the other cores (:func:`confine_job`), the job that claims the device moves to them
+(:func:`enter_measuring`); :class:`LoadMeter` records how busy other processes kept the host meanwhile.
 """
 
 from __future__ import annotations
@@ -13,9 +12,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 
+from gpulab.core import jobenv
+
 log = logging.getLogger(__name__)
 
-MEASURE_CORES_VAR = "GPULAB_MEASURE_CORES"
 SYSFS_CPU = Path("/sys/devices/system/cpu")
 HOST_LOAD = "host_load"
 
@@ -88,15 +88,12 @@ def plan(setting: int | str, *, enabled: bool, environ: MutableMapping[str, str]
     measure beside each other (``enabled`` false: a cluster run, a CPU-only host, one job at a time)."""
     environ = os.environ if environ is None else environ
     measuring = split(allowed_cpus() if cpus is None else cpus, setting, sysfs) if enabled else frozenset()
-    if measuring:
-        environ[MEASURE_CORES_VAR] = format_cpus(measuring)
-    else:
-        environ.pop(MEASURE_CORES_VAR, None)
+    jobenv.put("measure_cores", format_cpus(measuring) if measuring else None, environ)
     return measuring
 
 
 def measuring_cpus(environ: Mapping[str, str] | None = None) -> frozenset[int]:
-    text = (os.environ if environ is None else environ).get(MEASURE_CORES_VAR, "")
+    text = jobenv.get("measure_cores", environ) or ""
     return parse_cpus(text) if text else frozenset()
 
 

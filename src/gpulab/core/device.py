@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gpulab.core import jobenv
 from gpulab.core.device_lock import claim_armed, claim_device
 
 Backend = Literal["rocm", "cuda", "cpu"]
@@ -120,7 +121,7 @@ def _detect_uncached() -> DeviceInfo:
             reason = "PyTorch is a CUDA build but no NVIDIA GPU is visible"
         else:
             reason = "PyTorch is a CPU-only build"
-        reason = os.environ.get(GPUS_HIDDEN_REASON) or reason
+        reason = jobenv.get("gpus_hidden") or reason
         if probe_error:
             reason += f" ({probe_error})"
         return DeviceInfo(backend="cpu", gpu_available=False, reason=reason, name=cpu_model_name(), **base)
@@ -208,15 +209,12 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-# Set (with the reason) by hide_gpus; detect() then reports that reason for measuring the CPU.
-GPUS_HIDDEN_REASON = "GPULAB_GPUS_HIDDEN"
-
-
 def hide_gpus(reason: str, environ: MutableMapping[str, str] | None = None) -> None:
     """Make this process measure the CPU on a machine with a GPU; before PyTorch starts. An invalid index hides
     every device from CUDA and HIP alike; ``reason`` is what :func:`detect` reports instead of "no GPU"."""
     environ = os.environ if environ is None else environ
-    environ.update({"CUDA_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1", GPUS_HIDDEN_REASON: reason})
+    environ.update({"CUDA_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"})
+    jobenv.put("gpus_hidden", reason, environ)
 
 
 def teardown_profiler_after_use(environ: MutableMapping[str, str] | None = None) -> None:

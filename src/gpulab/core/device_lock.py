@@ -2,7 +2,8 @@
 
 Device jobs start together but measure one at a time: a job takes the lock when it first detects the GPU and keeps it
 until it exits (jobs holding the ``gpu`` resource only; a child claims with ``--claim-device``). Every claim appends
-a JSON line to the job's wait record (WAITS_VAR), which the report reads to tell a job's wait from its work.
+a JSON line to the job's wait record (the run state's ``device_waits``), which the report reads to tell a job's wait
+from its work.
 """
 
 from __future__ import annotations
@@ -19,13 +20,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpulab.core import jobenv
 from gpulab.core.cores import enter_measuring
 
 log = logging.getLogger(__name__)
 
-DEVICE_LOCK_VAR = "GPULAB_DEVICE_LOCK"
-# The job's wait record; child processes inherit it from their job.
-WAITS_VAR = "GPULAB_DEVICE_WAITS"
 WAITS_DIR = "device_waits"
 _CLAIM: dict[str, Any] = {"armed": False, "file": None}
 
@@ -51,7 +50,7 @@ def start_waits_record(log_path: str | os.PathLike[str]) -> Path:
     first claim: a job that never claims the device leaves none)."""
     path = waits_path(log_path)
     path.unlink(missing_ok=True)
-    os.environ[WAITS_VAR] = os.path.abspath(path)
+    jobenv.put("device_waits", os.path.abspath(path))
     return path
 
 
@@ -68,7 +67,7 @@ def claim_device(path: str | None = None) -> float | None:
     """Wait until no other job holds the device lock, then hold it until this process exits, on the run's measuring
     CPUs (gpulab.core.cores); returns the seconds waited (recorded in the job's wait record), or None where there is no
     lock (cluster runs, CPU-only machines) or this process holds it already."""
-    path = path or os.environ.get(DEVICE_LOCK_VAR)
+    path = path or jobenv.get("device_lock")
     if not path or _CLAIM["file"] is not None:
         return None
     start = time.monotonic()
@@ -89,7 +88,7 @@ def child_should_claim() -> bool:
 
 
 def _record_wait(waited: float) -> None:
-    record = os.environ.get(WAITS_VAR)
+    record = jobenv.get("device_waits")
     if not record:
         return
     line = json.dumps({"pid": os.getpid(), "claimed_at": time.time(), "waited_s": waited})

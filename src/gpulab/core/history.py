@@ -1,8 +1,9 @@
 """Every run's tables, kept: ``results/<target>/history/<time>__<commit>__<config digest>/<step>/...``.
 
 A completed step copies its tables and log here (:func:`record`), so a re-measurement never replaces the only copy;
-:func:`restore` puts the last good copy of a table a failed re-measurement left missing back, dated older than its
-inputs. ``<target dir>@<run>`` (a prefix of the run's name, or ``-1``, ``-2``...) names the tables after that run.
+:func:`restore` puts the last good copy of a table a failed re-measurement left missing back, and its step's params
+change (:func:`put_back_stamp`) so the next run measures it again. ``<target dir>@<run>`` (a prefix of the run's
+name, or ``-1``, ``-2``...) names the tables after that run.
 """
 
 from __future__ import annotations
@@ -14,23 +15,25 @@ import stat
 import subprocess
 import tempfile
 from base64 import urlsafe_b64decode
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpulab.core import jobenv
 from gpulab.core.schema import config_hash
 
 HISTORY = "history"
 RESTORED = "restored"
-RUN_ID_VAR = "GPULAB_RUN_ID"  # set by the Snakefile: every job of one invocation records under one run
 TIME_FORMAT = "%Y%m%dT%H%M%SZ"
 SEPARATOR = "__"
 # What is kept of a step: its tables, records and log (not traces or built libraries, which can be large).
 KEPT_SUFFIXES = (".csv", ".json", ".jsonl", ".log")
 # A restored table is dated here, older than any input, so Snakemake's modification-time rule measures it again.
 STALE_MTIME = 0.0
+# A put-back note once its table is measured again (:func:`put_back_stamp`).
+DONE = ".done"
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def new_run_id(config: Mapping[str, Any], checkout: str | Path | None = None, no
 
 def current_run_id(config: Mapping[str, Any]) -> str:
     """The invocation's run (from the Snakefile), else one for this job alone."""
-    return os.environ.get(RUN_ID_VAR) or new_run_id(config)
+    return jobenv.get("run_id") or new_run_id(config)
 
 
 def history_dir(target_dir: str | Path) -> Path:
@@ -265,23 +268,61 @@ def resolve_results(spec: str) -> tuple[Path, str | None]:
 
 def restore(target_dir: str | Path, rel: str, why: str) -> Run | None:
     """Put the last kept copy of a missing table back, dated :data:`STALE_MTIME`, and note ``why`` beside it;
-    None when no copy is kept (or the table is there)."""
+    None when no copy is kept (or the table is there). On a full disk the copy is a hard link (it takes no space);
+    an OSError leaves the table missing, which measures it again too."""
     target_dir = Path(target_dir)
     path = target_dir / rel
     found = None if path.exists() else last_copy(target_dir, rel)
     if found is None:
         return None
     run, copy = found
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.restore.tmp")
-    shutil.copy2(copy, tmp)
-    os.utime(tmp, (STALE_MTIME, STALE_MTIME))
-    os.replace(tmp, path)
-    note = history_dir(target_dir) / RESTORED / f"{rel}.json"
+    # The note first: its stamp (:func:`put_back_stamp`) is what makes the next run measure the table again.
+    note = _note(target_dir, rel)
     note.parent.mkdir(parents=True, exist_ok=True)
     note.write_text(json.dumps({"table": rel, "run": run.id, "why": why,
                                 "restored_at": datetime.now(UTC).strftime(TIME_FORMAT)}) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.restore.tmp")
+    try:
+        _copy_or_link(copy, tmp)
+        os.utime(tmp, (STALE_MTIME, STALE_MTIME))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return run
+
+
+def _copy_or_link(source: Path, dest: Path) -> None:
+    dest.unlink(missing_ok=True)
+    try:
+        shutil.copy2(source, dest)
+    except OSError:
+        dest.unlink(missing_ok=True)
+        os.link(source, dest)
+
+
+def _note(target_dir: Path, rel: str) -> Path:
+    return history_dir(target_dir) / RESTORED / f"{rel}.json"
+
+
+def put_back_stamp(results_dir: str | Path, outputs: Iterable[str | Path]) -> str:
+    """A ``params:`` value of every step whose tables may be put back: it changes each time one is put back and
+    stays after it is measured again, so Snakemake's params trigger measures a put-back table once more (its
+    recorded checksums and params would otherwise call it up to date)."""
+    stamps = []
+    for output in outputs:
+        where = split_target(results_dir, output)
+        if where is None:
+            continue
+        note = _note(*where)
+        for kept in (note, note.with_name(note.name + DONE)):
+            try:
+                stamps.append(f"{where[1]}@{kept.stat().st_mtime_ns}")
+                break
+            except OSError:
+                continue
+    return " ".join(stamps)
 
 
 def restored(target_dir: str | Path) -> dict[str, dict[str, str]]:
@@ -303,7 +344,11 @@ def clear_restored(target_dir: str | Path, files: Iterable[str | Path]) -> None:
             rel = file.resolve().relative_to(target_dir)
         except ValueError:
             continue
-        (target_dir / HISTORY / RESTORED / f"{rel}.json").unlink(missing_ok=True)
+        note = _note(target_dir, rel.as_posix())
+        try:  # kept aside, not removed: its stamp must stay what the re-measurement ran with
+            os.replace(note, note.with_name(note.name + DONE))
+        except FileNotFoundError:
+            continue
 
 
 def split_target(results_dir: str | Path, path: str | Path) -> tuple[Path, str] | None:
@@ -337,39 +382,38 @@ def restore_interrupted(results_dir: str | Path, metadata_dir: str | Path = ".sn
     measures it again: the profile's rerun-incomplete); one line per table, for the user."""
     lines = []
     for path in incomplete_outputs(metadata_dir):
-        where = split_target(results_dir, path)
-        if where is None or Path(path).exists():
-            continue
-        target_dir, rel = where
-        run = restore(target_dir, rel, "its re-measurement was interrupted")
-        if run is not None:
-            lines.append(f"{path}: its measurement was interrupted; the last good table (run {run.id}) is back in "
-                         "place, marked stale, and this run measures it again")
-        else:
-            lines.append(f"{path}: its measurement was interrupted and no earlier copy is kept; if no job of this run "
-                         f"writes it, measure it again with: snakemake --cores 1 --forcerun {path}")
+        if split_target(results_dir, path) is not None and not Path(path).exists():
+            lines.append(put_back(results_dir, path, INTERRUPTED, "this run") or (
+                f"{path}: its measurement was interrupted and no earlier copy is kept; if no job of this run "
+                f"writes it, measure it again with: snakemake --cores 1 --forcerun {path}"))
     return lines
 
 
-def restore_failed(results_dir: str | Path, outputs: Iterable[str],
-                   mark_incomplete: Callable[[str], None] | None = None) -> list[str]:
-    """After a failed run: every output of a failed job that is gone (Snakemake removed it) and has a kept copy is
-    put back and, through ``mark_incomplete`` (Snakemake's own marker), left for the next run to measure again
-    (the profile's rerun-incomplete): its inputs' recorded checksums and its params would otherwise call it up to
-    date. One line per table."""
-    lines = []
-    for path in outputs:
-        where = split_target(results_dir, path)
-        if where is None:
-            continue
-        target_dir, rel = where
-        run = restore(target_dir, rel, "its re-measurement failed")
-        if run is not None:
-            if mark_incomplete is not None:
-                mark_incomplete(path)
-            lines.append(f"{path}: kept the last good table (run {run.id}), marked stale; the next run measures it "
-                         "again")
-    return lines
+INTERRUPTED = "its re-measurement was interrupted"
+FAILED = "its re-measurement failed"
+
+
+def put_back(results_dir: str | Path, path: str, why: str, measures: str = "the next run") -> str | None:
+    """Put one missing table of a target back (:func:`restore`); the line that tells the user, None where no copy
+    is kept. Never raises: a table that cannot be put back is said so and stays missing."""
+    where = split_target(results_dir, path)
+    if where is None:
+        return None
+    try:
+        run = restore(*where, why)
+    except OSError as exc:
+        return (f"{path}: {why}; its last good table could not be put back ({exc}); it is kept under "
+                f"{history_dir(where[0])}/ and {measures} measures it again")
+    if run is None:
+        return None
+    return f"{path}: {why}; kept the last good table (run {run.id}), marked stale; {measures} measures it again"
+
+
+def restore_failed(results_dir: str | Path, outputs: Iterable[str], why: str = FAILED) -> list[str]:
+    """After a failed or interrupted run: every output of a failed job that is gone (Snakemake removed it) and has
+    a kept copy is put back, marked for the next run to measure again (:func:`put_back_stamp`). One line per
+    table; never raises."""
+    return [line for path in outputs if (line := put_back(results_dir, path, why))]
 
 
 def stale_notice(results_dir: str | Path, targets: Iterable[str]) -> list[str]:

@@ -11,6 +11,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from gpulab.core.jobenv import CACHE_VAR
+
 PACKAGE_DIR = Path(str(resources.files("gpulab")))
 CONFIG_SCHEMA = PACKAGE_DIR / "schemas" / "config.schema.yaml"
 TABLE_SCHEMAS = PACKAGE_DIR / "schemas" / "tables.yaml"
@@ -20,7 +22,7 @@ KERNELS_DIR = PACKAGE_DIR / "kernels"
 # (gpulab.toolchains.hipcc). The headers beside a unit are part of it.
 HIP_PROGRAM = "kernels/hip/vector_add.hip"
 HIP_SOURCES = (HIP_PROGRAM, "kernels/ext/ops_kernels_hip.hip")
-CACHE_ENV = "GPULAB_CACHE_DIR"  # overrides the workflow's cache (tests, read-only checkouts)
+CACHE_ENV = CACHE_VAR  # overrides the workflow's cache (tests, read-only checkouts)
 
 
 def kernel_relpath(path: str | Path) -> str:
@@ -33,7 +35,7 @@ def kernel_relpath(path: str | Path) -> str:
 
 
 def default_cache_root() -> Path:
-    """The run's own cache, ``.cache/`` in the working directory (git-ignored), unless $GPULAB_CACHE_DIR says."""
+    """The run's own cache, ``.cache/`` in the working directory (git-ignored), unless :data:`CACHE_ENV` says."""
     return Path(os.environ.get(CACHE_ENV) or Path.cwd() / ".cache")
 
 

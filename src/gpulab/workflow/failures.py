@@ -29,6 +29,9 @@ TRACEBACK = "Traceback (most recent call last):"
 EXIT_RECORD = "gpulab: the step's process "
 TAIL_LINES = 6
 SACCT_FIELDS = "JobID,State,ExitCode,Elapsed,Timelimit,MaxRSS,ReqMem"
+# What Snakemake logs when Ctrl-C (SIGINT) stops a run; the steps it stopped did not fail.
+INTERRUPT_MARK = "Terminating processes on user request"
+INTERRUPTED = "interrupted (Ctrl-C or SIGINT) before it finished"
 
 
 @dataclass
@@ -49,8 +52,7 @@ def _paths(value: str) -> list[str]:
     return [_ANNOTATION.sub("", p.strip()) for p in value.split(", ") if p.strip()]
 
 
-def failed_jobs(snakemake_log: str | Path | Sequence[str | Path] | None) -> list[FailedJob]:
-    """The failed jobs Snakemake's log(s) of this run list (``Error in rule ...:`` blocks)."""
+def _run_log(snakemake_log: str | Path | Sequence[str | Path] | None) -> str:
     logs = [snakemake_log] if isinstance(snakemake_log, (str, Path)) else list(snakemake_log or [])
     text = ""
     for path in logs:
@@ -58,6 +60,17 @@ def failed_jobs(snakemake_log: str | Path | Sequence[str | Path] | None) -> list
             text += Path(path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+    return text
+
+
+def interrupted(snakemake_log: str | Path | Sequence[str | Path] | None) -> bool:
+    """Whether Ctrl-C (SIGINT) stopped the run, by Snakemake's log of it."""
+    return INTERRUPT_MARK in _run_log(snakemake_log)
+
+
+def failed_jobs(snakemake_log: str | Path | Sequence[str | Path] | None) -> list[FailedJob]:
+    """The failed jobs Snakemake's log(s) of this run list (``Error in rule ...:`` blocks)."""
+    text = _run_log(snakemake_log)
     jobs = []
     for block in re.finditer(r"^Error in rule (\w+):\n((?:    \S.*\n?)*)", text, re.M):
         job = FailedJob(block[1])
@@ -138,10 +151,13 @@ def tail(text: str, lines: int = TAIL_LINES) -> list[str]:
     return kept[-lines:]
 
 
-def _reason(text: str) -> list[str]:
-    """Why a step failed, from what its log gained in this run."""
+def _reason(text: str, stopped: bool = False) -> list[str]:
+    """Why a step failed, from what its log gained in this run; ``stopped``: the run was interrupted."""
     error = final_error(text)
     exits = exit_records(text)
+    if stopped and (error is None or error.startswith("KeyboardInterrupt")):
+        last = tail(text[:text.find(TRACEBACK)] if TRACEBACK in text else text)  # what it printed, not where
+        return [INTERRUPTED, *(["last lines of the log:", *(f"  {line}" for line in last)] if last else [])]
     if error and not (exits and error.startswith("SystemExit")):
         return error.splitlines()
     # The step's own last words: a SystemExit's place (gpulab.workflow.step), a native crash's (faulthandler).
@@ -169,6 +185,7 @@ def failure_summary(results_dir: str | Path, offsets: Mapping[str, tuple[int, in
     gained an error (a traceback or the runner's exit record) in this run.
     """
     jobs = failed_jobs(snakemake_log)
+    stopped = interrupted(snakemake_log)
     by_log = {Path(log): job for job in jobs for log in job.logs}
     entries = []
     seen = set()
@@ -180,7 +197,8 @@ def failure_summary(results_dir: str | Path, offsets: Mapping[str, tuple[int, in
         text = _new_text(path, offsets) if path.is_file() else ""
         if job is None and final_error(text) is None and not exit_records(text):
             continue
-        lines = _reason(text) if text.strip() else ["the job's log is empty: it ended before its script started"]
+        lines = (_reason(text, stopped) if text.strip()
+                 else ["the job's log is empty: it ended before its script started"])
         if job is not None and job.message and "SLURM" in job.message:
             lines.append(job.message.split("For further error details")[0].strip())
         if job is not None and job.external_jobid:
@@ -191,4 +209,7 @@ def failure_summary(results_dir: str | Path, offsets: Mapping[str, tuple[int, in
             entries.append(f"* rule {job.rule}: {job.message or 'failed'} (the rule has no log)")
     if not entries:
         return None
+    if stopped:
+        return (f"gpulab: the run was interrupted (Ctrl-C or SIGINT); {len(entries)} step(s) did not finish "
+                "(from their logs):\n" + "\n".join(entries))
     return f"gpulab: {len(entries)} step(s) failed (reasons from their logs):\n" + "\n".join(entries)

@@ -1,14 +1,7 @@
-"""Strict mode: one judgement of every step's recorded outcomes, after the measurements (rule ``outcomes_check``).
-
-Measuring steps record every outcome (ok, skipped, failed, incorrect, oom, each with its reason) and never fail
-for one; strict mode does not reach them. With ``strict`` on, one step reads every recorded table and fails with
-one summary of every outcome that is not ok, each with its step, its row and its reason. Turning strict on or off
-after a complete run therefore measures nothing again: it only judges what is on disk.
-
-Some outcomes are what the target's machine cannot do by design (a ROCm tool on an NVIDIA host, TF32 on ROCm,
-Triton without a GPU): :data:`EXPECTED` names them per table; the summary lists them too, apart, and they do not
-fail the check. ``strict: unstable`` also counts an ok measurement whose timing was not stable
-(:func:`gpulab.core.timing.is_stable`).
+"""Every step's not-ok outcomes in one table, on every run (rule ``outcomes_record``), and strict mode's judgement
+of them (rule ``outcomes_check``): measuring steps record every outcome and never fail for one, so turning strict on
+or off measures nothing again. What the target's machine cannot do by design (:data:`EXPECTED`) is listed apart and
+not judged; ``strict: unstable`` also counts an ok row whose timing was not stable.
 """
 
 from __future__ import annotations
@@ -143,14 +136,28 @@ def summary(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def check(tables: Mapping[str, Sequence[str]], results_dir: str | Path, strict: bool | str,
-          out_csv: str | Path) -> list[Outcome]:
-    """Record every not-ok outcome in ``out_csv``; with ``strict`` fail, in one summary, if any is not expected."""
-    outcomes = collect(tables, results_dir, unstable=strict == "unstable")
+def record(tables: Mapping[str, Sequence[str]], results_dir: str | Path, unstable: bool,
+           out_csv: str | Path) -> list[Outcome]:
+    """Record every not-ok outcome in ``out_csv``: on every run, a header alone where all is ok."""
+    outcomes = collect(tables, results_dir, unstable=unstable)
     frame = pd.DataFrame([o.__dict__ for o in outcomes], columns=list(OUTCOME_COLUMNS))
     write_atomic(out_csv, frame.to_csv(index=False))
+    print(summary(outcomes))
+    return outcomes
+
+
+def recorded(out_csv: str | Path) -> list[Outcome]:
+    frame = pd.read_csv(out_csv, dtype=str, keep_default_na=False)
+    return [Outcome(**{c: row[c] for c in OUTCOME_COLUMNS}) for row in frame.to_dict("records")]
+
+
+def judge(out_csv: str | Path, strict: bool | str, verdict: str | Path) -> list[Outcome]:
+    """Strict mode's verdict on the recorded outcomes: with ``strict`` fail, in one summary, if any is not
+    expected; else write that summary to ``verdict``."""
+    outcomes = recorded(out_csv)
     text = summary(outcomes)
     print(text)
     if strict and any(not o.expected for o in outcomes):
         raise StrictModeError(text)
+    write_atomic(verdict, text + "\n")
     return outcomes
