@@ -47,7 +47,9 @@ rule bench_cell:
         ceilings=result(CEILINGS.path),
         # cpp_ext cells load exactly the library the build step's manifest names.
         extension=lambda w: (
-            [EXTENSION_MANIFEST.format(target=w.target)] if needs_extension(w.impl) else []
+            [EXTENSION_MANIFEST.format(target=w.target)]
+            if needs_extension(w.impl)
+            else []
         ),
     output:
         result("bench/cells/{op}__{impl}.csv"),
@@ -112,9 +114,7 @@ register_outputs(
 )
 
 
-register_outcomes(
-    "bench_ceilings", expand(result(CEILINGS.path), target=TARGETS)
-)
+register_outcomes("bench_ceilings", expand(result(CEILINGS.path), target=TARGETS))
 register_outcomes(
     "bench_cell", expand(result("bench/{op}.csv"), target=TARGETS, op=BENCH_OPS)
 )

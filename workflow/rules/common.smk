@@ -87,7 +87,9 @@ def put_back(rule):
 
     def stamp(wildcards):
         outputs = [expand(p, **wildcards) for p in getattr(rules, rule).output]
-        return history.put_back_stamp(RESULTS, [path for paths in outputs for path in paths])
+        return history.put_back_stamp(
+            RESULTS, [path for paths in outputs for path in paths]
+        )
 
     return stamp
 
@@ -133,3 +135,14 @@ mark_serial_run(LOCAL_RUN and workflow.cores == 1)
 localrules:
     all,
     report_render,
+
+
+def refresh_report():
+    """The page again after a failed run put tables back (the report's libraries load only then)."""
+    from gpulab.report.render import refresh_after_failure
+
+    return refresh_after_failure(RESULTS, config)
+
+
+def outcome_outputs():
+    return [OUTCOMES, STRICT_VERDICT] if config["strict"] else [OUTCOMES]

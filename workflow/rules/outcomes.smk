@@ -43,10 +43,6 @@ rule outcomes_check:
         "../scripts/outcomes_check.py"
 
 
-def outcome_outputs():
-    return [OUTCOMES, STRICT_VERDICT] if config["strict"] else [OUTCOMES]
-
-
 localrules:
     outcomes_record,
     outcomes_check,

@@ -32,10 +32,3 @@ rule report_render:
         },
     script:
         "../scripts/report_render.py"
-
-
-def refresh_report():
-    """The page again after a failed run put tables back (the report's libraries load only then)."""
-    from gpulab.report.render import refresh_after_failure
-
-    return refresh_after_failure(RESULTS, config)
