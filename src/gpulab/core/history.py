@@ -277,7 +277,7 @@ def restore(target_dir: str | Path, rel: str, why: str) -> Run | None:
         return None
     run, copy = found
     # The note first: its stamp (:func:`put_back_stamp`) is what makes the next run measure the table again.
-    note = _note(target_dir, rel)
+    note = _note_path(target_dir, rel)
     note.parent.mkdir(parents=True, exist_ok=True)
     note.write_text(json.dumps({"table": rel, "run": run.id, "why": why,
                                 "restored_at": datetime.now(UTC).strftime(TIME_FORMAT)}) + "\n")
@@ -302,7 +302,7 @@ def _copy_or_link(source: Path, dest: Path) -> None:
         os.link(source, dest)
 
 
-def _note(target_dir: Path, rel: str) -> Path:
+def _note_path(target_dir: Path, rel: str) -> Path:
     return history_dir(target_dir) / RESTORED / f"{rel}.json"
 
 
@@ -315,7 +315,7 @@ def put_back_stamp(results_dir: str | Path, outputs: Iterable[str | Path]) -> st
         where = split_target(results_dir, output)
         if where is None:
             continue
-        note = _note(*where)
+        note = _note_path(*where)
         for kept in (note, note.with_name(note.name + DONE)):
             try:
                 stamps.append(f"{where[1]}@{kept.stat().st_mtime_ns}")
@@ -344,7 +344,7 @@ def clear_restored(target_dir: str | Path, files: Iterable[str | Path]) -> None:
             rel = file.resolve().relative_to(target_dir)
         except ValueError:
             continue
-        note = _note(target_dir, rel.as_posix())
+        note = _note_path(target_dir, rel.as_posix())
         try:  # kept aside, not removed: its stamp must stay what the re-measurement ran with
             os.replace(note, note.with_name(note.name + DONE))
         except FileNotFoundError:
