@@ -55,7 +55,7 @@ def readme_config_args() -> list[list[str]]:
     inline = re.findall(r"`([^`\n]+)`", re.sub(r"^```\w*\n.*?^```", "", text, flags=re.M | re.S))
     found = []
     for command in (c for c in fenced + inline if "--config " in c):
-        words = shlex.split(command[command.index("--config"):].split("#")[0])[1:]
+        words = shlex.split(command[command.index("--config "):].split("#")[0])[1:]
         found.append(list(itertools.takewhile(lambda w: not w.startswith("-"), words)))
     return found
 
